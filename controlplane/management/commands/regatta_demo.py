@@ -1,0 +1,74 @@
+"""Create the demo world, idempotently: an admin, a team with a quota, a local
+cluster with a spare, and (unless --no-job) a 2-node job training the
+built-in model."""
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand
+from django.db import transaction
+
+from accounts.models import ApiToken
+from clusters.models import Cluster, NodePool
+from jobs.models import Quota, Team, TrainingJob
+
+DEMO_USER = "admin"
+DEMO_PASSWORD = "regatta-demo"
+
+DEMO_JOB_HYPERPARAMETERS = {
+    "model": "tiny",
+    "max_steps": 3000,
+    "batch_size": 8,
+    "val_every_steps": 50,
+    "log_every_steps": 5,
+}
+
+
+class Command(BaseCommand):
+    help = "Create the demo admin, team, quota, local cluster and a demo job."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--no-job", action="store_true", help="do not submit the demo job")
+        parser.add_argument("--nodes", type=int, default=4, help="working nodes in the pool")
+        parser.add_argument("--spares", type=int, default=1, help="spare nodes in the pool")
+
+    @transaction.atomic
+    def handle(self, *args, no_job=False, nodes=4, spares=1, **options):
+        User = get_user_model()
+        admin, created = User.objects.get_or_create(
+            username=DEMO_USER, defaults={"is_staff": True, "is_superuser": True}
+        )
+        if created:
+            admin.set_password(DEMO_PASSWORD)
+            admin.save()
+        cluster, _ = Cluster.objects.get_or_create(
+            name="local", defaults={"provider": Cluster.Provider.LOCAL,
+                                    "description": "torchrun on this machine, gloo on CPU",
+                                    "settings": {"heartbeat_deadline_s": 30}},
+        )
+        NodePool.objects.get_or_create(
+            cluster=cluster, name="cpu",
+            defaults={"instance_type": "local-cpu", "gpus_per_node": 1, "size": nodes,
+                      "spare_count": spares},
+        )
+        team, _ = Team.objects.get_or_create(name="demo", defaults={"display_name": "Demo team"})
+        team.members.add(admin)
+        Quota.objects.get_or_create(team=team, cluster=cluster,
+                                    defaults={"gpus": 4, "max_running_jobs": 2})
+        token = None
+        if not ApiToken.objects.active().filter(user=admin, name="demo").exists():
+            _, token = ApiToken.issue(admin, "demo")
+        job = None
+        if not no_job and not TrainingJob.objects.filter(team=team).exclude(
+            phase__in=TrainingJob.TERMINAL
+        ).exists():
+            job = TrainingJob.objects.create(
+                name="demo-gpt-tiny", team=team, cluster=cluster,
+                pool=cluster.pools.get(name="cpu"),
+                created_by=admin, num_nodes=2, gpus_per_node=1,
+                hyperparameters=DEMO_JOB_HYPERPARAMETERS, checkpoint_every_steps=100,
+            )
+            job.record("Submitted", "demo job submitted by regatta_demo", actor="user:admin")
+        self.stdout.write(f"demo login: {DEMO_USER} / {DEMO_PASSWORD}")
+        if token:
+            self.stdout.write(f"demo API token (shown once): {token}")
+        if job:
+            self.stdout.write(f"demo job #{job.pk} submitted (2 nodes, built-in GPT)")

