@@ -1,0 +1,185 @@
+"""The provider protocol: the one way the control plane touches a fleet.
+
+Providers speak in plain dataclasses, never in model rows, so they can be
+tested alone; the cluster and job reconcilers map them to rows.
+
+Errors: raise `controlplane.lib.errors.TemporaryError` for what is worth a
+retry after a delay (429, 5xx, timeouts), `PermanentError` for what is not
+(403, 422, a bad setting); anything else is retried with backoff.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class PoolInfo:
+    """What a provider needs to know about a node pool."""
+
+    cluster: str
+    name: str
+    instance_type: str
+    gpus_per_node: int
+    capacity_type: str = "on_demand"  # or "spot"
+    size: int = 1
+    spare_count: int = 0
+    efa: bool = False
+    node_selector: dict = field(default_factory=dict)
+    tolerations: list = field(default_factory=list)
+    settings: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """A node as the provider sees it."""
+
+    name: str
+    provider_id: str = ""
+    address: str = ""
+    gpus: int = 1
+    ready: bool = True
+    unschedulable: bool = False
+    labels: dict = field(default_factory=dict)
+    # Provider conditions worth recording, e.g. {"Ready": "True", "GpuHealthy": "False"}.
+    conditions: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HealthSignal:
+    """Something the provider saw about a node: an XID, a spot notice, a
+    failed DCGM check. The cluster reconciler turns it into a NodeHealthEvent."""
+
+    node: str
+    kind: str  # a NodeHealthEvent.Kind value
+    severity: str  # info | warning | critical
+    message: str
+    evidence: dict = field(default_factory=dict)
+    # Stable id so the same signal seen twice is recorded once.
+    key: str = ""
+
+
+@dataclass(frozen=True)
+class Placement:
+    node: str
+    node_rank: int
+    provider_id: str = ""
+    address: str = ""
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """One attempt of a job, to run as a gang on `placements`."""
+
+    job_id: int
+    attempt_id: int
+    attempt_number: int
+    name: str  # a DNS-safe name unique to the attempt, e.g. "job-12-a3"
+    pool: PoolInfo
+    placements: tuple[Placement, ...]
+    nproc_per_node: int
+    image: str
+    # argv after the launcher; empty means the built-in trainer (`-m trainer`).
+    command: tuple[str, ...] = ()
+    # The trainer's environment (docs/trainer-protocol.md), token included.
+    env: dict = field(default_factory=dict)
+    checkpoint_uri: str = ""
+
+
+@dataclass(frozen=True)
+class NodeProcess:
+    """How the part of an attempt on one node is doing."""
+
+    node: str
+    node_rank: int
+    running: bool
+    exit_code: int | None = None  # the launcher's exit code, once it ended
+    signal: int | None = None  # set when killed by a signal
+    # Per-rank exit records the trainer wrote (REGATTA_STATUS_DIR/rank-N.json).
+    ranks: tuple[dict, ...] = ()
+    log_tail: str = ""
+
+
+@dataclass(frozen=True)
+class AttemptStatus:
+    """What the provider observes of an attempt."""
+
+    state: str  # "running" | "succeeded" | "failed" | "unknown"
+    nodes: tuple[NodeProcess, ...] = ()
+    message: str = ""
+
+    @property
+    def failed_nodes(self) -> tuple[NodeProcess, ...]:
+        return tuple(
+            n for n in self.nodes
+            if not n.running and (n.signal is not None or (n.exit_code or 0) != 0)
+        )
+
+
+@dataclass(frozen=True)
+class PreflightResult:
+    """A short health check of the chosen nodes before an attempt starts."""
+
+    ok: bool
+    failed_nodes: tuple[str, ...] = ()
+    # e.g. {"allreduce_gbps": 1.2, "seconds": 0.8, "per_node": {...}, "dcgm": {...}}
+    evidence: dict = field(default_factory=dict)
+    message: str = ""
+
+
+class FaultKind:
+    KILL = "kill"
+    HANG = "hang"
+    XID = "xid"
+    SPOT_NOTICE = "spot_notice"
+    PREFLIGHT_FAIL = "preflight_fail"
+    ALL = (KILL, HANG, XID, SPOT_NOTICE, PREFLIGHT_FAIL)
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """Every provider implements these. All calls are idempotent: calling
+    twice with the same arguments does no more than calling once."""
+
+    kind: str
+
+    def list_nodes(self, pool: PoolInfo) -> list[NodeInfo]:
+        """Every node of the pool the provider knows, spares included."""
+
+    def provision_node(self, pool: PoolInfo, name: str) -> NodeInfo:
+        """Bring up one more node for the pool (a spare). May return a node that
+        is not ready yet; it turns ready in a later `list_nodes`."""
+
+    def launch(self, request: LaunchRequest) -> dict:
+        """Start the attempt; return a JSON-able ref that `observe` and `stop`
+        take, enough to find the attempt again after a worker restart."""
+
+    def observe(self, ref: dict) -> AttemptStatus:
+        ...
+
+    def stop(self, ref: dict, grace_s: float = 30.0) -> None:
+        """Stop every rank of the attempt (SIGTERM, then SIGKILL after grace)."""
+
+    def preflight(self, pool: PoolInfo, placements: tuple[Placement, ...],
+                  timeout_s: float = 60.0) -> PreflightResult:
+        ...
+
+    def cordon(self, pool: PoolInfo, node: str) -> None:
+        ...
+
+    def uncordon(self, pool: PoolInfo, node: str) -> None:
+        ...
+
+    def drain(self, pool: PoolInfo, node: str, grace_s: float = 60.0) -> None:
+        """Evict what runs on the node, leaving time for an emergency checkpoint."""
+
+    def replace(self, pool: PoolInfo, node: str) -> NodeInfo | None:
+        """Retire the node and ask for a new one; return it if known now."""
+
+    def health_signals(self, pool: PoolInfo) -> list[HealthSignal]:
+        """Health signals seen since the last call (XIDs, spot notices, ...)."""
+
+    def inject_fault(self, pool: PoolInfo, node: str, kind: str) -> dict:
+        """Operators' fault injection; only the local provider supports it,
+        others raise PermanentError."""

@@ -1,0 +1,335 @@
+"""The Kubernetes provider: Kubeflow PyTorchJobs on a cluster's GPU nodes.
+
+Every call goes through `_call`, which adds the request timeout and sorts
+failures into temporary / permanent / other (errors.py). Deletes treat 404
+as done and creates treat 409 as done when the existing object is ours, so
+each method may be called again after a crash halfway through.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes import config as kube_config
+from kubernetes import watch
+from kubernetes.client.exceptions import ApiException
+
+from controlplane.lib.errors import PermanentError, TemporaryError
+
+from ..base import (
+    AttemptStatus,
+    HealthSignal,
+    LaunchRequest,
+    NodeInfo,
+    Placement,
+    PoolInfo,
+    PreflightResult,
+)
+from . import manifests as mf
+from .config import KubeSettings
+from .errors import classify, is_status
+from .observe import attempt_status, node_info, node_signals
+
+
+def api_client_for(settings: KubeSettings) -> k8s.ApiClient:
+    """An ApiClient from the cluster's connection settings."""
+    cfg = k8s.Configuration()
+    try:
+        if settings.api_url:
+            cfg.host = settings.api_url.rstrip("/")
+        elif settings.in_cluster:
+            kube_config.load_incluster_config(client_configuration=cfg)
+        elif settings.kubeconfig or settings.context:
+            kube_config.load_kube_config(
+                config_file=settings.kubeconfig or None, context=settings.context or None,
+                client_configuration=cfg,
+            )
+        else:
+            raise PermanentError(
+                "cluster settings need 'in_cluster', 'kubeconfig'/'context' or 'api_url'")
+    except (kube_config.ConfigException, OSError) as exc:
+        raise PermanentError(f"cannot load Kubernetes credentials: {exc}") from exc
+    return k8s.ApiClient(cfg)
+
+
+class KubernetesProvider:
+    kind = "kubernetes"
+
+    def __init__(self, api_client: k8s.ApiClient, settings: KubeSettings,
+                 aws_factory: Callable[[], Any] | None = None,
+                 sleep: Callable[[float], None] = time.sleep,
+                 clock: Callable[[], float] = time.monotonic):
+        self.settings = settings
+        self.core = k8s.CoreV1Api(api_client)
+        self.custom = k8s.CustomObjectsApi(api_client)
+        self._aws_factory = aws_factory
+        self._aws = None
+        self._sleep, self._clock = sleep, clock
+
+    @classmethod
+    def for_cluster(cls, cluster) -> KubernetesProvider:
+        raw = dict(cluster.settings or {})
+        settings = KubeSettings.parse(raw)
+
+        def aws():
+            from ..aws import AwsProvider
+
+            return AwsProvider.for_settings(raw)
+
+        return cls(api_client_for(settings), settings, aws_factory=aws)
+
+    @property
+    def ns(self) -> str:
+        return self.settings.namespace
+
+    def aws(self):
+        if self._aws is None:
+            if self._aws_factory is None:
+                raise PermanentError("this cluster has no AWS settings")
+            self._aws = self._aws_factory()
+        return self._aws
+
+    # --- plumbing -----------------------------------------------------------------
+    def _call(self, what: str, fn: Callable, *args, ok: tuple[int, ...] = (), **kwargs):
+        """Call the API; statuses in `ok` return None instead of raising."""
+        kwargs.setdefault("_request_timeout", self.settings.request_timeout_s)
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            if isinstance(exc, ApiException) and exc.status in ok:
+                return None
+            mapped = classify(exc, what)
+            if mapped is exc:
+                raise
+            raise mapped from exc
+
+    def _json(self, what: str, fn: Callable, *args, ok: tuple[int, ...] = (), **kwargs):
+        """Like _call, but the raw JSON the server sent, as dicts."""
+        resp = self._call(what, fn, *args, ok=ok, _preload_content=False, **kwargs)
+        return None if resp is None else json.loads(resp.data)
+
+    def _get_job(self, name: str) -> dict | None:
+        return self._call(f"get PyTorchJob {name}", self.custom.get_namespaced_custom_object,
+                          mf.GROUP, mf.VERSION, self.ns, mf.PLURAL, name, ok=(404,))
+
+    def _create_job(self, body: dict, attempt_id: str | None) -> dict:
+        name = body["metadata"]["name"]
+        try:
+            return self.custom.create_namespaced_custom_object(
+                mf.GROUP, mf.VERSION, self.ns, mf.PLURAL, body,
+                _request_timeout=self.settings.request_timeout_s)
+        except ApiException as exc:
+            if not is_status(exc, 409):
+                raise classify(exc, f"create PyTorchJob {name}") from exc
+        existing = self._get_job(name)
+        labels = (existing or {}).get("metadata", {}).get("labels") or {}
+        if existing is None or labels.get(mf.MANAGED_BY) != mf.MANAGER or (
+                attempt_id is not None and labels.get(mf.LABEL_ATTEMPT) != attempt_id):
+            raise PermanentError(f"PyTorchJob {self.ns}/{name} exists and is not this attempt's")
+        return existing
+
+    # --- nodes ----------------------------------------------------------------------
+    def _pool_nodes(self, pool: PoolInfo) -> list[dict]:
+        selector = ",".join(f"{k}={v}" for k, v in sorted(pool.node_selector.items()))
+        doc = self._json("list nodes", self.core.list_node, label_selector=selector or None)
+        return doc.get("items", [])
+
+    def list_nodes(self, pool: PoolInfo) -> list[NodeInfo]:
+        return [node_info(n) for n in self._pool_nodes(pool)]
+
+    def provision_node(self, pool: PoolInfo, name: str) -> NodeInfo:
+        if not pool.settings.get("asg_name"):
+            raise PermanentError(
+                f"pool {pool.name}: spares come from its node group; set 'asg_name' to let "
+                "Regatta add one")
+        node = self.aws().provision(pool)
+        return node or NodeInfo(name=name, ready=False, gpus=pool.gpus_per_node)
+
+    def health_signals(self, pool: PoolInfo) -> list[HealthSignal]:
+        signals = [s for n in self._pool_nodes(pool) for s in node_signals(n, self.settings)]
+        if pool.settings.get("spot_queue_url"):
+            signals.extend(self.aws().spot_signals(pool))
+        return signals
+
+    def _set_unschedulable(self, node: str, value: bool) -> None:
+        # A node already gone needs no cordon; the node listing reports it lost.
+        self._call(f"patch node {node}", self.core.patch_node, node,
+                   {"spec": {"unschedulable": value}}, ok=(404,))
+
+    def cordon(self, pool: PoolInfo, node: str) -> None:
+        self._set_unschedulable(node, True)
+
+    def uncordon(self, pool: PoolInfo, node: str) -> None:
+        self._set_unschedulable(node, False)
+
+    def drain(self, pool: PoolInfo, node: str, grace_s: float = 60.0) -> None:
+        """Cordon, then evict Regatta's pods on the node. The grace period is
+        at least the pods' own, so the trainer can finish its emergency
+        checkpoint after SIGTERM."""
+        self.cordon(pool, node)
+        grace = int(max(grace_s, self.settings.termination_grace_s))
+        pods = self._json(
+            f"list pods on {node}", self.core.list_namespaced_pod, self.ns,
+            field_selector=f"spec.nodeName={node}",
+            label_selector=f"{mf.MANAGED_BY}={mf.MANAGER}",
+        ).get("items", [])
+        for pod in pods:
+            if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            name = pod["metadata"]["name"]
+            eviction = k8s.V1Eviction(
+                api_version="policy/v1", kind="Eviction",
+                metadata=k8s.V1ObjectMeta(name=name, namespace=self.ns),
+                delete_options=k8s.V1DeleteOptions(grace_period_seconds=grace),
+            )
+            # 429 means a disruption budget forbids it now: temporary, retried.
+            self._call(f"evict pod {name}", self.core.create_namespaced_pod_eviction,
+                       name, self.ns, eviction, ok=(404,))
+
+    def replace(self, pool: PoolInfo, node: str) -> NodeInfo | None:
+        """Through the pool's Auto Scaling group when it has one; otherwise
+        delete the Node so its managed node group (or Karpenter) brings up
+        another, which a later listing reports."""
+        if pool.settings.get("asg_name"):
+            found = self._json(f"read node {node}", self.core.read_node, node, ok=(404,))
+            if found is None:
+                return None
+            provider_id = (found.get("spec") or {}).get("providerID", "")
+            return self.aws().replace(pool, provider_id)
+        self._call(f"delete node {node}", self.core.delete_node, node, ok=(404,))
+        return None
+
+    def inject_fault(self, pool: PoolInfo, node: str, kind: str) -> dict:
+        raise PermanentError("fault injection is only for the local provider")
+
+    # --- attempts -----------------------------------------------------------------
+    def launch(self, request: LaunchRequest) -> dict:
+        """The PyTorchJob first, then its token Secret owned by it (so the
+        Secret goes when the job goes). Pods that start in between wait for
+        the Secret; the control plane's Role has no `patch` on secrets, so the
+        owner is set at creation."""
+        secret = mf.token_secret(request, self.settings)
+        body = mf.to_dict(mf.pytorch_job(request, self.settings))
+        job = self._create_job(body, str(request.attempt_id))
+        secret.metadata.owner_references = [mf.owner_reference(job)]
+        self._ensure_secret(mf.to_dict(secret), str(request.attempt_id))
+        return {
+            "provider": self.kind, "namespace": self.ns, "name": request.name,
+            "uid": job["metadata"].get("uid", ""), "secret": secret.metadata.name,
+            "placements": [{"node": p.node, "node_rank": p.node_rank}
+                           for p in sorted(request.placements, key=lambda p: p.node_rank)],
+        }
+
+    def _ensure_secret(self, secret: dict, attempt_id: str) -> None:
+        name = secret["metadata"]["name"]
+        for _ in range(2):
+            try:
+                self.core.create_namespaced_secret(
+                    self.ns, secret, _request_timeout=self.settings.request_timeout_s)
+                return
+            except ApiException as exc:
+                if not is_status(exc, 409):
+                    raise classify(exc, f"create secret {name}") from exc
+            existing = self._json(f"read secret {name}", self.core.read_namespaced_secret,
+                                  name, self.ns, ok=(404,))
+            if existing is None:
+                continue
+            if (existing["metadata"].get("labels") or {}).get(mf.LABEL_ATTEMPT) != attempt_id:
+                raise PermanentError(f"secret {self.ns}/{name} exists and is not this attempt's")
+            # A relaunch may carry a fresh token: replace the secret rather than
+            # trust the old one.
+            self._call(f"delete secret {name}", self.core.delete_namespaced_secret, name,
+                       self.ns, ok=(404,))
+        raise TemporaryError(f"secret {self.ns}/{name} keeps coming back; retry", delay=2.0)
+
+    def observe(self, ref: dict) -> AttemptStatus:
+        name = ref["name"]
+        job = self._get_job(name)
+        pods = []
+        if job is not None:
+            pods = self._json(
+                f"list pods of {name}", self.core.list_namespaced_pod, self.ns,
+                label_selector=f"{mf.OPERATOR_JOB_LABEL}={name}",
+            ).get("items", [])
+        status = attempt_status(job, pods, ref.get("placements", []))
+        return self._with_log_tails(status, pods)
+
+    def _with_log_tails(self, status: AttemptStatus, pods: list[dict]) -> AttemptStatus:
+        from dataclasses import replace
+
+        names = {(p.get("spec") or {}).get("nodeName"): p["metadata"]["name"] for p in pods}
+        nodes = []
+        for proc in status.nodes:
+            pod = names.get(proc.node)
+            if proc in status.failed_nodes and not proc.log_tail and pod:
+                tail = self._call(f"read log of {pod}", self.core.read_namespaced_pod_log,
+                                  pod, self.ns, container=mf.CONTAINER, tail_lines=40,
+                                  ok=(400, 404))
+                proc = replace(proc, log_tail=(tail or "")[-4000:])
+            nodes.append(proc)
+        return replace(status, nodes=tuple(nodes))
+
+    def stop(self, ref: dict, grace_s: float = 30.0) -> None:
+        name = ref["name"]
+        options = k8s.V1DeleteOptions(
+            propagation_policy=self.settings.delete_propagation,
+            grace_period_seconds=int(grace_s),
+        )
+        self._call(f"delete PyTorchJob {name}", self.custom.delete_namespaced_custom_object,
+                   mf.GROUP, mf.VERSION, self.ns, mf.PLURAL, name, body=options, ok=(404,))
+        # Owned by the job, so garbage collection takes it too; deleting it here
+        # frees the name at once for Background propagation.
+        secret = ref.get("secret") or mf.secret_name(name)
+        self._call(f"delete secret {secret}", self.core.delete_namespaced_secret, secret,
+                   self.ns, ok=(404,))
+
+    # --- preflight ------------------------------------------------------------------
+    def preflight(self, pool: PoolInfo, placements: tuple[Placement, ...],
+                  timeout_s: float = 60.0) -> PreflightResult:
+        from .preflight import run_allreduce, run_dcgm_labels
+
+        if self.settings.preflight == "dcgm-labels":
+            return run_dcgm_labels(self, placements)
+        return run_allreduce(self, pool, placements, timeout_s)
+
+    def watch_job(self, name: str, timeout_s: float) -> dict | None:
+        """Follow the PyTorchJob until it finishes or `timeout_s` passes; the
+        last state seen (None if it never appeared)."""
+        deadline = self._clock() + timeout_s
+        last = self._get_job(name)
+        while last is not None and not _finished(last):
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                break
+            stream = watch.Watch().stream(
+                self.custom.list_namespaced_custom_object, mf.GROUP, mf.VERSION, self.ns,
+                mf.PLURAL, field_selector=f"metadata.name={name}",
+                timeout_seconds=max(1, int(remaining)),
+                _request_timeout=max(1.0, remaining) + 5,
+            )
+            try:
+                for event in stream:
+                    if event.get("type") == "DELETED":
+                        return None
+                    obj = event.get("object")
+                    if isinstance(obj, dict) and obj.get("metadata", {}).get("name") == name:
+                        last = obj
+                        if _finished(obj):
+                            return obj
+            except Exception as exc:
+                mapped = classify(exc, f"watch PyTorchJob {name}")
+                if mapped is exc:
+                    raise
+                raise mapped from exc
+            # The server closed the watch early: wait a little before the next one.
+            self._sleep(min(1.0, max(0.0, deadline - self._clock())))
+        return last
+
+
+def _finished(job: dict) -> bool:
+    return any(c.get("type") in ("Succeeded", "Failed") and c.get("status") == "True"
+               for c in (job.get("status") or {}).get("conditions") or [])

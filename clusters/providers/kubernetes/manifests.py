@@ -1,0 +1,366 @@
+"""Pure functions that build what Regatta sends to Kubernetes.
+
+No I/O here: each function takes a launch request (or a pool and
+placements) and the cluster's settings and returns `kubernetes` /
+`kubeflow-training` model objects, so tests can check every field and the
+round trip through the official models without an API server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from kubeflow.training import models as kf
+from kubernetes import client as k8s
+
+from controlplane.lib.errors import PermanentError
+
+from ..base import LaunchRequest, Placement, PoolInfo
+from .config import KubeSettings
+
+API_VERSION = "kubeflow.org/v1"
+GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
+KIND = "PyTorchJob"
+# The training operator finds the trainer container by this name.
+CONTAINER = "pytorch"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "regatta"
+LABEL_JOB = "regatta.io/job-id"
+LABEL_ATTEMPT = "regatta.io/attempt-id"
+LABEL_PURPOSE = "regatta.io/purpose"  # "attempt" or "preflight"
+OPERATOR_JOB_LABEL = "training.kubeflow.org/job-name"
+OPERATOR_TYPE_LABEL = "training.kubeflow.org/replica-type"
+OPERATOR_INDEX_LABEL = "training.kubeflow.org/replica-index"
+HOSTNAME = "kubernetes.io/hostname"
+GPU = "nvidia.com/gpu"
+EFA = "vpc.amazonaws.com/efa"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+TOKEN_KEY = "token"
+DEFAULT_NCCL_ENV = {"NCCL_DEBUG": "WARN"}
+EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1"}
+GPU_TOLERATION = {"key": GPU, "operator": "Exists", "effect": "NoSchedule"}
+
+_api = k8s.ApiClient()
+
+
+def to_dict(model: Any) -> dict:
+    """The JSON the API server receives for a model object."""
+    return _api.sanitize_for_serialization(model)
+
+
+def from_dict(data: Any, klass: str) -> Any:
+    """A `kubernetes`/`kubeflow-training` model from its JSON shape."""
+    return _kf_api().deserialize(_Raw(data), klass)
+
+
+class _Raw:
+    def __init__(self, obj):
+        self.data = json.dumps(obj)
+
+
+_kf_client = None
+
+
+def _kf_api():
+    global _kf_client
+    if _kf_client is None:
+        from kubeflow.training.api_client import ApiClient
+
+        _kf_client = ApiClient()
+    return _kf_client
+
+
+def secret_name(name: str) -> str:
+    return f"{name}-token"
+
+
+def labels_for(job_id: int, attempt_id: int, purpose: str = "attempt") -> dict[str, str]:
+    return {
+        MANAGED_BY: MANAGER,
+        LABEL_JOB: str(job_id),
+        LABEL_ATTEMPT: str(attempt_id),
+        LABEL_PURPOSE: purpose,
+    }
+
+
+def token_secret(request: LaunchRequest, settings: KubeSettings) -> k8s.V1Secret:
+    """The attempt's worker token; pods read it through a secretKeyRef so it
+    never appears in the PyTorchJob object."""
+    token = request.env.get("REGATTA_TOKEN", "")
+    if not token:
+        raise PermanentError(f"{request.name}: launch request carries no REGATTA_TOKEN")
+    return k8s.V1Secret(
+        api_version="v1", kind="Secret", type="Opaque",
+        metadata=k8s.V1ObjectMeta(
+            name=secret_name(request.name), namespace=settings.namespace,
+            labels=labels_for(request.job_id, request.attempt_id),
+        ),
+        string_data={TOKEN_KEY: token},
+    )
+
+
+def owner_reference(job: dict) -> k8s.V1OwnerReference:
+    """Makes the secret go when the PyTorchJob goes (garbage collection)."""
+    meta = job["metadata"]
+    return k8s.V1OwnerReference(
+        api_version=API_VERSION, kind=KIND, name=meta["name"], uid=meta["uid"],
+        controller=False, block_owner_deletion=False,
+    )
+
+
+def nccl_env(pool: PoolInfo, settings: KubeSettings) -> dict[str, str]:
+    """Defaults, then the cluster's NCCL settings, then the pool's."""
+    env = dict(DEFAULT_NCCL_ENV)
+    if pool.efa:
+        env.update(EFA_ENV)
+    env.update(settings.nccl_env)
+    env.update({k: str(v) for k, v in (pool.settings.get("nccl_env") or {}).items()})
+    return env
+
+
+def pytorch_job(request: LaunchRequest, settings: KubeSettings) -> kf.KubeflowOrgV1PyTorchJob:
+    """The PyTorchJob for one attempt: a Master on the first placement and
+    Workers on the rest, one pod per node, each pinned to its chosen node."""
+    if not request.placements:
+        raise PermanentError(f"{request.name}: no placements")
+    placements = sorted(request.placements, key=lambda p: p.node_rank)
+    labels = labels_for(request.job_id, request.attempt_id)
+    env = _trainer_env(request, settings)
+    command = ["torchrun", *(request.command or ("-m", "trainer"))]
+    volumes, mounts = _checkpoint_volume(request.checkpoint_uri, settings)
+    shm_volumes, shm_mounts = _shm(settings)
+    pod = _PodParts(
+        name=request.name, labels=labels, image=request.image, command=command, env=env,
+        gpus=request.pool.gpus_per_node, pool=request.pool, settings=settings,
+        volumes=volumes + shm_volumes, mounts=mounts + shm_mounts,
+    )
+    replicas = {"Master": _replica(pod, [placements[0].node], 1)}
+    if len(placements) > 1:
+        replicas["Worker"] = _replica(pod, [p.node for p in placements[1:]], len(placements) - 1)
+    return _job(request.name, labels, settings, replicas, str(request.nproc_per_node),
+                len(placements))
+
+
+def preflight_name(placements: tuple[Placement, ...], nonce: str) -> str:
+    """Names differ per run, so a finished check is never mistaken for a new one."""
+    nodes = ",".join(sorted(p.node for p in placements))
+    digest = hashlib.sha256(f"{nodes}|{nonce}".encode()).hexdigest()[:16]
+    return f"regatta-preflight-{digest}"
+
+
+# Each pod is one node's rank (nprocPerNode=1), so WORLD_SIZE and RANK from the
+# operator are the node count and the node's index: no torchrun needed.
+PREFLIGHT_SCRIPT = """
+import json, time, torch, torch.distributed as dist
+cuda = torch.cuda.is_available()
+dist.init_process_group("nccl" if cuda else "gloo")
+n = dist.get_world_size()
+dev = torch.device("cuda", 0) if cuda else torch.device("cpu")
+x = torch.ones(64 << 20 if cuda else 1 << 20, device=dev)
+def once():
+    dist.all_reduce(x)
+    x.div_(n)  # a sum of n ones is exact, so x stays all ones if every rank took part
+once()
+if cuda: torch.cuda.synchronize()
+t = time.perf_counter()
+for _ in range(5): once()
+if cuda: torch.cuda.synchronize()
+s = (time.perf_counter() - t) / 5
+ok = bool(torch.all(x == 1))
+gbps = x.numel() * x.element_size() * 2 * (n - 1) / n / s / 1e9
+print(json.dumps({"rank": dist.get_rank(), "ok": ok, "busbw_gbps": round(gbps, 3)}))
+dist.destroy_process_group()
+raise SystemExit(0 if ok else 3)
+"""
+
+
+def preflight_job(pool: PoolInfo, placements: tuple[Placement, ...],
+                  settings: KubeSettings, nonce: str) -> kf.KubeflowOrgV1PyTorchJob:
+    """A short all-reduce across the chosen nodes, one pod per node."""
+    if not placements:
+        raise PermanentError("preflight needs at least one placement")
+    placements = tuple(sorted(placements, key=lambda p: p.node_rank))
+    name = preflight_name(placements, nonce)
+    labels = {MANAGED_BY: MANAGER, LABEL_PURPOSE: "preflight"}
+    pod = _PodParts(
+        name=name, labels=labels, image=settings.preflight_image,
+        command=["python", "-c", PREFLIGHT_SCRIPT], env=[_env(k, v) for k, v in sorted(
+            nccl_env(pool, settings).items())],
+        gpus=pool.gpus_per_node, pool=pool, settings=settings, volumes=[], mounts=[],
+    )
+    replicas = {"Master": _replica(pod, [placements[0].node], 1)}
+    if len(placements) > 1:
+        replicas["Worker"] = _replica(pod, [p.node for p in placements[1:]], len(placements) - 1)
+    job = _job(name, labels, settings, replicas, "1", len(placements))
+    # A preflight that cannot finish in a few minutes has found its answer, and
+    # the operator removes one left behind by a worker that crashed meanwhile.
+    job.spec.run_policy.active_deadline_seconds = 300
+    job.spec.run_policy.ttl_seconds_after_finished = 300
+    return job
+
+
+# --- parts -------------------------------------------------------------------
+
+class _PodParts:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def _job(name, labels, settings, replicas, nproc, node_count) -> kf.KubeflowOrgV1PyTorchJob:
+    job_labels = dict(labels)
+    scheduling = None
+    if settings.gang_scheduler == "kueue":
+        job_labels[KUEUE_QUEUE_LABEL] = settings.queue
+    elif settings.gang_scheduler == "volcano":
+        scheduling = kf.KubeflowOrgV1SchedulingPolicy(
+            min_available=node_count, queue=settings.queue,
+            priority_class=settings.priority_class or None,
+        )
+    return kf.KubeflowOrgV1PyTorchJob(
+        api_version=API_VERSION, kind=KIND,
+        metadata=k8s.V1ObjectMeta(name=name, namespace=settings.namespace, labels=job_labels),
+        spec=kf.KubeflowOrgV1PyTorchJobSpec(
+            nproc_per_node=nproc,
+            pytorch_replica_specs=replicas,
+            run_policy=kf.KubeflowOrgV1RunPolicy(
+                # Regatta owns restarts (budgets per failure class): the operator
+                # must not restart anything, and keeps pods to read exit codes.
+                backoff_limit=0, clean_pod_policy="None", scheduling_policy=scheduling,
+            ),
+        ),
+    )
+
+
+def _replica(pod: _PodParts, nodes: list[str], count: int) -> kf.KubeflowOrgV1ReplicaSpec:
+    settings: KubeSettings = pod.settings
+    pool: PoolInfo = pod.pool
+    limits = {GPU: str(pod.gpus)}
+    if pool.efa:
+        limits[EFA] = str(int(pool.settings.get("efa_devices", 1)))
+    container = k8s.V1Container(
+        name=CONTAINER, image=pod.image, command=pod.command, env=pod.env,
+        resources=k8s.V1ResourceRequirements(limits=limits, requests=dict(limits)),
+        volume_mounts=pod.mounts or None,
+        termination_message_policy="FallbackToLogsOnError",
+    )
+    spec = k8s.V1PodSpec(
+        containers=[container],
+        restart_policy="Never",
+        termination_grace_period_seconds=settings.termination_grace_s,
+        node_selector=dict(pool.node_selector) or None,
+        tolerations=_tolerations(pool),
+        affinity=_affinity(pod.name, nodes),
+        volumes=pod.volumes or None,
+        service_account_name=settings.service_account or None,
+        scheduler_name="volcano" if settings.gang_scheduler == "volcano" else None,
+        priority_class_name=settings.priority_class or None,
+        image_pull_secrets=[k8s.V1LocalObjectReference(name=n)
+                            for n in settings.image_pull_secrets] or None,
+    )
+    return kf.KubeflowOrgV1ReplicaSpec(
+        replicas=count, restart_policy="Never",
+        template=k8s.V1PodTemplateSpec(
+            metadata=k8s.V1ObjectMeta(labels=dict(pod.labels)), spec=spec,
+        ),
+    )
+
+
+def _affinity(name: str, nodes: list[str]) -> k8s.V1Affinity:
+    pin = k8s.V1NodeSelectorTerm(match_expressions=[
+        k8s.V1NodeSelectorRequirement(key=HOSTNAME, operator="In", values=sorted(nodes)),
+    ])
+    # One pod per node, so Workers spread over exactly the chosen nodes.
+    apart = k8s.V1PodAffinityTerm(
+        topology_key=HOSTNAME,
+        label_selector=k8s.V1LabelSelector(match_labels={OPERATOR_JOB_LABEL: name}),
+    )
+    return k8s.V1Affinity(
+        node_affinity=k8s.V1NodeAffinity(
+            required_during_scheduling_ignored_during_execution=k8s.V1NodeSelector(
+                node_selector_terms=[pin]),
+        ),
+        pod_anti_affinity=k8s.V1PodAntiAffinity(
+            required_during_scheduling_ignored_during_execution=[apart],
+        ),
+    )
+
+
+def _tolerations(pool: PoolInfo) -> list[k8s.V1Toleration]:
+    raw = [dict(t) for t in pool.tolerations]
+    if not any(t.get("key") == GPU for t in raw):
+        raw.append(dict(GPU_TOLERATION))
+    try:
+        return [from_dict(t, "V1Toleration") for t in raw]
+    except (TypeError, ValueError) as exc:
+        raise PermanentError(f"pool {pool.name}: bad toleration: {exc}") from exc
+
+
+def _env(name: str, value: str) -> k8s.V1EnvVar:
+    return k8s.V1EnvVar(name=name, value=str(value))
+
+
+def _trainer_env(request: LaunchRequest, settings: KubeSettings) -> list[k8s.V1EnvVar]:
+    values = dict(nccl_env(request.pool, settings))
+    # The trainer contract wins over NCCL defaults of the same name.
+    values.update({k: str(v) for k, v in request.env.items()})
+    if request.checkpoint_uri:
+        values["REGATTA_CHECKPOINT_URI"] = _pod_checkpoint_uri(request.checkpoint_uri)
+    if values.get("REGATTA_CHECKPOINT_URI", "").startswith("s3://"):
+        # Credentials come from the pod's service account (IRSA), never from here.
+        if settings.region:
+            values.setdefault("AWS_DEFAULT_REGION", settings.region)
+        if settings.s3_endpoint_url:
+            values.setdefault("AWS_ENDPOINT_URL_S3", settings.s3_endpoint_url)
+    values.pop("REGATTA_TOKEN", None)
+    values.pop("REGATTA_NODE", None)
+    # Each rank's status file would be lost with its pod; exit codes are read
+    # from the pod instead.
+    values.pop("REGATTA_STATUS_DIR", None)
+    env = [_env(k, v) for k, v in sorted(values.items())]
+    env.append(k8s.V1EnvVar(name="REGATTA_TOKEN", value_from=k8s.V1EnvVarSource(
+        secret_key_ref=k8s.V1SecretKeySelector(name=secret_name(request.name), key=TOKEN_KEY),
+    )))
+    env.append(k8s.V1EnvVar(name="REGATTA_NODE", value_from=k8s.V1EnvVarSource(
+        field_ref=k8s.V1ObjectFieldSelector(field_path="spec.nodeName"),
+    )))
+    return env
+
+
+def _pod_checkpoint_uri(uri: str) -> str:
+    return uri[len("file://"):] if uri.startswith("file://") else uri
+
+
+def _checkpoint_volume(uri: str, settings: KubeSettings):
+    """S3 needs nothing mounted; a path needs the shared volume (FSx for
+    Lustre, EFS, NFS) mounted at the same path the control plane reads."""
+    if not uri or uri.startswith("s3://"):
+        return [], []
+    path = _pod_checkpoint_uri(uri)
+    if not settings.checkpoint_pvc:
+        raise PermanentError(
+            f"checkpoint URI {uri!r} is a path but the cluster has no 'checkpoint_pvc'; "
+            "set one or use an s3:// storage URI"
+        )
+    mount = settings.checkpoint_mount_path.rstrip("/") or "/"
+    if not (path == mount or path.startswith(mount.rstrip("/") + "/")):
+        raise PermanentError(
+            f"checkpoint path {path!r} is outside checkpoint_mount_path {mount!r}"
+        )
+    volume = k8s.V1Volume(
+        name="checkpoints",
+        persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(
+            claim_name=settings.checkpoint_pvc),
+    )
+    return [volume], [k8s.V1VolumeMount(name="checkpoints", mount_path=mount)]
+
+
+def _shm(settings: KubeSettings):
+    # Dataloader workers and NCCL share memory through /dev/shm, which is 64 MiB
+    # in a container unless a memory-backed volume replaces it.
+    if not settings.shm_size:
+        return [], []
+    volume = k8s.V1Volume(name="dshm", empty_dir=k8s.V1EmptyDirVolumeSource(
+        medium="Memory", size_limit=settings.shm_size))
+    return [volume], [k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm")]

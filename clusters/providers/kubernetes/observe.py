@@ -1,0 +1,222 @@
+"""Pure mappings from what the API server returns (JSON dicts) to the
+provider protocol's dataclasses. The reconcilers turn those into rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..base import AttemptStatus, HealthSignal, NodeInfo, NodeProcess
+from .config import KubeSettings
+from .manifests import CONTAINER, GPU, OPERATOR_INDEX_LABEL, OPERATOR_TYPE_LABEL
+
+# Set by AWS Node Termination Handler when EC2 announces a spot interruption
+# or recommends a rebalance; the notice itself comes two minutes before.
+SPOT_TAINTS = {
+    "aws-node-termination-handler/spot-itn": ("spot_notice", "critical"),
+    "aws-node-termination-handler/rebalance-recommendation": ("spot_notice", "warning"),
+}
+_SIGKILL = 9
+
+
+def condition(obj: dict, kind: str) -> dict | None:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return cond
+    return None
+
+
+def _true(obj: dict, kind: str) -> bool:
+    cond = condition(obj, kind)
+    return bool(cond) and cond.get("status") == "True"
+
+
+# --- attempts ----------------------------------------------------------------
+
+def node_rank(pod: dict) -> int | None:
+    labels = pod.get("metadata", {}).get("labels") or {}
+    kind = (labels.get(OPERATOR_TYPE_LABEL) or "").lower()
+    try:
+        index = int(labels.get(OPERATOR_INDEX_LABEL, ""))
+    except ValueError:
+        return None
+    if kind == "master":
+        return 0
+    if kind == "worker":
+        return index + 1
+    return None
+
+
+def _terminated(pod: dict) -> dict | None:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == CONTAINER:
+            state = status.get("state") or {}
+            return state.get("terminated") or (status.get("lastState") or {}).get("terminated")
+    return None
+
+
+def _restarts(pod: dict) -> int:
+    return sum(int(s.get("restartCount") or 0)
+               for s in (pod.get("status") or {}).get("containerStatuses") or [])
+
+
+def node_process(pod: dict, rank: int, fallback_node: str) -> NodeProcess:
+    status = pod.get("status") or {}
+    phase = status.get("phase", "Unknown")
+    node = (pod.get("spec") or {}).get("nodeName") or fallback_node
+    running = phase in ("Pending", "Running", "Unknown")
+    term = _terminated(pod)
+    exit_code = signal = None
+    tail = ""
+    if term is not None and not running:
+        exit_code = term.get("exitCode")
+        signal = term.get("signal")
+        tail = term.get("message") or ""
+        if term.get("reason") == "OOMKilled":
+            signal = _SIGKILL
+        elif signal is None and exit_code is not None and exit_code > 128:
+            signal = exit_code - 128
+    if phase == "Failed" and exit_code is None and signal is None:
+        # Evicted or its node went away before the container reported: the
+        # process was killed from outside, which the protocol calls hardware.
+        signal = _SIGKILL
+        tail = f"{status.get('reason', 'Failed')}: {status.get('message', '')}".strip(": ")
+    return NodeProcess(node=node, node_rank=rank, running=running, exit_code=exit_code,
+                       signal=signal, log_tail=tail[-4000:])
+
+
+def attempt_status(job: dict | None, pods: list[dict], placements: list[dict]) -> AttemptStatus:
+    """`placements` is the ref's [{"node", "node_rank"}]; pods are the job's."""
+    if job is None:
+        return AttemptStatus(state="unknown", message="the PyTorchJob no longer exists")
+    by_rank = {}
+    for pod in pods:
+        rank = node_rank(pod)
+        if rank is not None:
+            by_rank[rank] = pod
+    started = _true(job, "Running") or condition(job, "Running") is not None
+    nodes, notes = [], []
+    for place in sorted(placements, key=lambda p: p["node_rank"]):
+        rank = place["node_rank"]
+        pod = by_rank.get(rank)
+        if pod is None:
+            if started:
+                nodes.append(NodeProcess(node=place["node"], node_rank=rank, running=False,
+                                         signal=_SIGKILL, log_tail="its pod is gone"))
+            else:
+                nodes.append(NodeProcess(node=place["node"], node_rank=rank, running=True))
+            continue
+        nodes.append(node_process(pod, rank, place["node"]))
+        if _restarts(pod):
+            notes.append(f"rank {rank} restarted {_restarts(pod)}x")
+        scheduled = condition(pod, "PodScheduled")
+        if scheduled and scheduled.get("status") == "False":
+            notes.append(f"rank {rank} unschedulable: {scheduled.get('message', '')}")
+    if _true(job, "Failed") or _failed(nodes):
+        state = "failed"
+    elif _true(job, "Succeeded"):
+        state = "succeeded"
+    else:
+        state = "running"
+    last = _last_true(job)
+    if last:
+        notes.insert(0, f"{last.get('type')}: {last.get('message') or last.get('reason', '')}")
+    return AttemptStatus(state=state, nodes=tuple(nodes), message="; ".join(notes)[:1000])
+
+
+def _failed(nodes: list[NodeProcess]) -> list[NodeProcess]:
+    return list(AttemptStatus(state="", nodes=tuple(nodes)).failed_nodes)
+
+
+def _last_true(job: dict) -> dict | None:
+    true = [c for c in (job.get("status") or {}).get("conditions") or []
+            if c.get("status") == "True"]
+    return true[-1] if true else None
+
+
+# --- nodes -------------------------------------------------------------------
+
+def _quantity(value: Any) -> int:
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return 0
+
+
+def node_info(node: dict) -> NodeInfo:
+    meta, spec, status = node.get("metadata", {}), node.get("spec") or {}, node.get("status") or {}
+    addresses = {a.get("type"): a.get("address") for a in status.get("addresses") or []}
+    return NodeInfo(
+        name=meta["name"],
+        provider_id=spec.get("providerID", ""),
+        address=addresses.get("InternalIP") or addresses.get("Hostname") or "",
+        gpus=_quantity((status.get("allocatable") or {}).get(GPU, 0)),
+        ready=_true(node, "Ready"),
+        unschedulable=bool(spec.get("unschedulable")),
+        labels=dict(meta.get("labels") or {}),
+        conditions={c["type"]: c.get("status", "Unknown") for c in status.get("conditions") or []},
+    )
+
+
+def _kind_for(reason: str) -> str:
+    text = reason.lower()
+    if "xid" in text:
+        return "xid"
+    if "ecc" in text or "dbe" in text or "remap" in text:
+        return "ecc"
+    if "thermal" in text or "temperature" in text:
+        return "thermal"
+    return "dcgm"
+
+
+def node_signals(node: dict, settings: KubeSettings) -> list[HealthSignal]:
+    """Health signals one node shows now. Keys carry the condition's
+    transition time, so the same condition seen on every sweep is one event."""
+    name = node["metadata"]["name"]
+    signals = []
+    ready = condition(node, "Ready")
+    if ready is not None and ready.get("status") != "True":
+        signals.append(HealthSignal(
+            node=name, kind="lost", severity="critical",
+            message=f"node not ready: {ready.get('reason', '')} {ready.get('message', '')}".strip(),
+            evidence={"condition": ready}, key=f"{name}/Ready/{ready.get('lastTransitionTime')}",
+        ))
+    for kind, expected in settings.health_conditions.items():
+        cond = condition(node, kind)
+        if cond is None or cond.get("status") == expected:
+            continue
+        reason = f"{cond.get('reason', '')} {cond.get('message', '')}".strip()
+        signals.append(HealthSignal(
+            node=name, kind=_kind_for(reason), severity="critical",
+            message=f"{kind}={cond.get('status')}: {reason}"[:500],
+            evidence={"condition": cond}, key=f"{name}/{kind}/{cond.get('lastTransitionTime')}",
+        ))
+    labels = node["metadata"].get("labels") or {}
+    for label, healthy in settings.health_labels.items():
+        if label in labels and labels[label] != healthy:
+            signals.append(HealthSignal(
+                node=name, kind=_kind_for(labels[label]), severity="critical",
+                message=f"label {label}={labels[label]} (healthy: {healthy})",
+                evidence={"label": label, "value": labels[label]},
+                key=f"{name}/label/{label}={labels[label]}",
+            ))
+    status = node.get("status") or {}
+    capacity = _quantity((status.get("capacity") or {}).get(GPU, 0))
+    allocatable = _quantity((status.get("allocatable") or {}).get(GPU, 0))
+    if allocatable < capacity:
+        # NVIDIA's device plugin withdraws a GPU it saw raise a fatal XID.
+        signals.append(HealthSignal(
+            node=name, kind="xid", severity="critical",
+            message=f"{capacity - allocatable} of {capacity} GPUs marked unhealthy by the "
+                    "device plugin",
+            evidence={"capacity": capacity, "allocatable": allocatable},
+            key=f"{name}/gpu-allocatable/{allocatable}-of-{capacity}",
+        ))
+    for taint in (node.get("spec") or {}).get("taints") or []:
+        if taint.get("key") in SPOT_TAINTS:
+            kind, severity = SPOT_TAINTS[taint["key"]]
+            signals.append(HealthSignal(
+                node=name, kind=kind, severity=severity,
+                message=f"tainted {taint['key']}", evidence={"taint": taint},
+                key=f"{name}/{taint['key']}/{taint.get('timeAdded', taint.get('value', ''))}",
+            ))
+    return signals

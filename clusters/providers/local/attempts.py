@@ -1,0 +1,202 @@
+"""Launching, observing and stopping attempts on the local fleet.
+
+An attempt lives in `<fleet>/attempts/<name>/`: `ref.json` (what `launch`
+returned) and one `node-<i>/` per placement holding `launcher.json`,
+`exit.json`, `stdout.log` and `status/rank-<r>.json`. Everything `observe`
+and `stop` need is on disk or in /proc, so any process can call them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from controlplane.lib.errors import PermanentError, TemporaryError
+
+from ..base import AttemptStatus, LaunchRequest, NodeProcess
+from . import procs
+from .base_paths import LAUNCHER
+from .book import file_lock, read_json, write_json
+
+LOG_TAIL_LINES = 40
+_LAUNCHER_START_S = 15.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun_argv(python: str, nnodes: int, node_rank: int, nproc: int, port: int,
+                  command: tuple[str, ...]) -> list[str]:
+    return [
+        python, "-m", "torch.distributed.run",
+        f"--nnodes={nnodes}", f"--node_rank={node_rank}", f"--nproc_per_node={nproc}",
+        "--master_addr=127.0.0.1", f"--master_port={port}",
+        "--max-restarts=0", "--monitor-interval=0.5",
+        *(command or ("-m", "trainer")),
+    ]
+
+
+def spawn_launcher(python: str, node_dir: Path, argv: list[str], env: dict) -> None:
+    """Start the detached launcher; it forks away, so this returns quickly."""
+    node_dir.mkdir(parents=True, exist_ok=True)
+    with open(node_dir / "launcher.err", "ab") as err:
+        first = subprocess.Popen(
+            [python, str(LAUNCHER), "run", "--dir", str(node_dir), "--", *argv],
+            env=env, cwd=node_dir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=err, start_new_session=True,
+        )
+    first.wait(timeout=_LAUNCHER_START_S)
+
+
+def _wait_for(path: Path, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        data = read_json(path)
+        if data:
+            return data
+        time.sleep(0.02)
+    raise TemporaryError(f"launcher did not start: no {path}", delay=5.0)
+
+
+def launch(fleet: Path, request: LaunchRequest, python: str = sys.executable) -> dict:
+    if not request.placements:
+        raise PermanentError(f"attempt {request.name}: no placements")
+    attempt_dir = fleet / "attempts" / request.name
+    with file_lock(fleet / "attempts" / f"{request.name}.lock"):
+        existing = read_json(attempt_dir / "ref.json")
+        if existing:
+            return existing
+        # A launch that died half-way (no ref.json) is started over, cleanly.
+        _discard(attempt_dir)
+        try:
+            return _start(fleet, attempt_dir, request, python)
+        except BaseException:
+            _discard(attempt_dir)
+            raise
+
+
+def _discard(attempt_dir: Path) -> None:
+    leftovers = procs.scan(attempt_dir=str(attempt_dir))
+    procs.kill_hard(leftovers)
+    procs.wait_gone(leftovers, 5.0)
+    for pattern in ("node-*/*.json", "node-*/status/*.json"):
+        for stale in attempt_dir.glob(pattern):
+            stale.unlink(missing_ok=True)
+
+
+def _start(fleet: Path, attempt_dir: Path, request: LaunchRequest, python: str) -> dict:
+    port = free_port()
+    nnodes = len(request.placements)
+    base_env = {**os.environ, **{k: str(v) for k, v in request.env.items()}}
+    if request.checkpoint_uri:
+        base_env.setdefault("REGATTA_CHECKPOINT_URI", request.checkpoint_uri)
+    nodes = []
+    for placement in sorted(request.placements, key=lambda p: p.node_rank):
+        node_dir = attempt_dir / f"node-{placement.node_rank}"
+        (node_dir / "status").mkdir(parents=True, exist_ok=True)
+        env = {
+            **base_env,
+            "REGATTA_NODE": placement.node,
+            "REGATTA_STATUS_DIR": str(node_dir / "status"),
+            "OMP_NUM_THREADS": "1",
+            procs.FLEET_TAG: str(fleet),
+            procs.ATTEMPT_TAG: str(attempt_dir),
+        }
+        argv = torchrun_argv(python, nnodes, placement.node_rank, request.nproc_per_node,
+                             port, tuple(request.command))
+        write_json(node_dir / "placement.json", {
+            "node": placement.node, "node_rank": placement.node_rank, "argv": argv,
+        })
+        spawn_launcher(python, node_dir, argv, env)
+    for placement in sorted(request.placements, key=lambda p: p.node_rank):
+        info = _wait_for(attempt_dir / f"node-{placement.node_rank}" / "launcher.json",
+                         _LAUNCHER_START_S)
+        nodes.append({"node": placement.node, "node_rank": placement.node_rank,
+                      "pid": info["pid"], "pgid": info["pgid"]})
+    ref = {"dir": str(attempt_dir), "nodes": nodes, "master_port": port}
+    write_json(attempt_dir / "ref.json", ref)
+    return ref
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 16384))
+            text = fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def rank_records(status_dir: Path) -> tuple[dict, ...]:
+    records = []
+    for path in status_dir.glob("rank-*.json"):
+        data = read_json(path)
+        if isinstance(data, dict):
+            records.append(data)
+    return tuple(sorted(records, key=lambda r: r.get("rank", 0)))
+
+
+def observe_node(attempt_dir: Path, entry: dict) -> NodeProcess:
+    node_dir = attempt_dir / f"node-{entry['node_rank']}"
+    info = read_json(node_dir / "launcher.json") or {}
+    running = procs.is_running(info.get("pid", entry.get("pid")), info.get("starttime"))
+    ended = read_json(node_dir / "exit.json")
+    exit_code = sig = None
+    if ended:
+        exit_code, sig = ended.get("exit_code"), ended.get("signal")
+        running = False
+    elif not running:
+        sig = signal.SIGKILL.value  # gone without a word: something killed it
+    return NodeProcess(
+        node=entry["node"], node_rank=entry["node_rank"], running=running,
+        exit_code=exit_code, signal=sig, ranks=rank_records(node_dir / "status"),
+        log_tail=log_tail(node_dir / "stdout.log"),
+    )
+
+
+def observe(ref: dict) -> AttemptStatus:
+    attempt_dir = Path(ref["dir"])
+    if not attempt_dir.is_dir():
+        return AttemptStatus(state="unknown", message=f"{attempt_dir} is missing")
+    nodes = tuple(observe_node(attempt_dir, entry) for entry in ref["nodes"])
+    failed = [n for n in nodes if not n.running and (n.signal or (n.exit_code or 0) != 0)]
+    if failed:
+        first = failed[0]
+        how = f"signal {first.signal}" if first.signal else f"exit code {first.exit_code}"
+        return AttemptStatus(state="failed", nodes=nodes,
+                             message=f"node {first.node} (rank {first.node_rank}) ended by {how}")
+    if any(n.running for n in nodes):
+        return AttemptStatus(state="running", nodes=nodes)
+    return AttemptStatus(state="succeeded", nodes=nodes, message="every node exited 0")
+
+
+def stop(ref: dict, grace_s: float = 30.0) -> None:
+    """SIGTERM every process of the attempt, SIGKILL what is left after grace.
+
+    Hung (SIGSTOPped) ranks cannot act on SIGTERM, so they are killed at once.
+    """
+    attempt_dir = str(Path(ref["dir"]))
+    found = procs.scan(attempt_dir=attempt_dir)
+    if not found:
+        return
+    stopped = [p for p in found if p.state == "T"]
+    procs.kill_hard(stopped)
+    procs.send([p for p in found if p.state != "T"], signal.SIGTERM)
+    # The launchers ignore SIGTERM and end by themselves once torchrun ends.
+    left = procs.wait_gone(found, grace_s)
+    if left:
+        procs.kill_hard(left)
+        procs.wait_gone(left, 5.0)
+    leftover = procs.scan(attempt_dir=attempt_dir)
+    if leftover:
+        procs.kill_hard(leftover)
+        procs.wait_gone(leftover, 5.0)

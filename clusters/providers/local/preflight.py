@@ -1,0 +1,125 @@
+"""The preflight health check on the local fleet: a timed gloo all-reduce across
+the chosen nodes (one torchrun per node, one process each), plus DCGM
+diagnostics where `dcgmi` exists."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from ..base import Placement, PreflightResult
+from . import procs
+from .attempts import free_port, torchrun_argv
+from .base_paths import PREFLIGHT_CHECK
+from .book import read_json
+
+TENSOR_BYTES = 8 << 20
+ITERS = 5
+# How long a rank waits in the collective for a peer that never comes.
+COLLECTIVE_TIMEOUT_S = 15.0
+
+
+def dcgm_summary(timeout_s: float) -> str | dict:
+    dcgmi = shutil.which("dcgmi")
+    if not dcgmi:
+        return "dcgmi not present"
+    try:
+        done = subprocess.run([dcgmi, "diag", "-r", "1"], capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "summary": f"dcgmi diag -r 1 timed out after {timeout_s}s"}
+    text = (done.stdout + done.stderr).strip()
+    return {"ok": done.returncode == 0 and "fail" not in text.lower(),
+            "returncode": done.returncode, "summary": text[-2000:]}
+
+
+def _verdict(names: list[str], results: dict[str, dict]) -> tuple[list[str], str]:
+    own = [n for n in names if results.get(n, {}).get("error")
+           and not results[n].get("peer_failure")]
+    if own:
+        return own, "failed its self-test: " + "; ".join(results[n]["error"] for n in own)
+    missing = [n for n in names if n not in results]
+    if missing:
+        return missing, "did not report before the deadline"
+    errored = [n for n in names if results[n].get("error")]
+    if errored:
+        return errored, "the all-reduce failed: " + results[errored[0]]["error"]
+    return [], ""
+
+
+def run_preflight(fleet: Path, placements: tuple[Placement, ...], bad: set[str],
+                  timeout_s: float, python: str = sys.executable) -> PreflightResult:
+    started = time.monotonic()
+    ordered = sorted(placements, key=lambda p: p.node_rank)
+    names = [p.node for p in ordered]
+    run_dir = fleet / "preflight" / f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+    run_dir.mkdir(parents=True)
+    port = free_port()
+    collective_timeout = max(1.0, min(COLLECTIVE_TIMEOUT_S, timeout_s))
+    children = []
+    for i, placement in enumerate(ordered):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "REGATTA_NODE": placement.node,
+               "REGATTA_PREFLIGHT_OUT": str(run_dir / f"node-{i}.json"),
+               "REGATTA_PREFLIGHT_BYTES": str(TENSOR_BYTES),
+               "REGATTA_PREFLIGHT_ITERS": str(ITERS),
+               "REGATTA_PREFLIGHT_TIMEOUT_S": str(collective_timeout),
+               procs.FLEET_TAG: str(fleet), procs.ATTEMPT_TAG: str(run_dir)}
+        env.pop("REGATTA_PREFLIGHT_FAULT", None)
+        if placement.node in bad:
+            env["REGATTA_PREFLIGHT_FAULT"] = "simulated hardware fault (operator fault injection)"
+        argv = torchrun_argv(python, len(ordered), i, 1, port, (str(PREFLIGHT_CHECK),))
+        with open(run_dir / f"node-{i}.log", "ab") as log:
+            children.append(subprocess.Popen(argv, env=env, cwd=run_dir, stdout=log,
+                                             stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, start_new_session=True))
+    deadline = started + timeout_s
+    results: dict[str, dict] = {}
+    try:
+        while time.monotonic() < deadline:
+            for i, name in enumerate(names):
+                if name not in results:
+                    data = read_json(run_dir / f"node-{i}.json")
+                    if data:
+                        results[name] = data
+            self_failed = any(r.get("error") and not r.get("peer_failure")
+                              for r in results.values())
+            # With every report in, torchrun's orderly shutdown is only a wait.
+            if self_failed or len(results) == len(names) or all(
+                    c.poll() is not None for c in children):
+                break
+            time.sleep(0.1)
+    finally:
+        procs.kill_hard(procs.scan(attempt_dir=str(run_dir)))
+        for child in children:
+            try:
+                child.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+    for i, name in enumerate(names):  # a last look: some may have written at the end
+        if name not in results and (data := read_json(run_dir / f"node-{i}.json")):
+            results[name] = data
+    failed, why = _verdict(names, results)
+    silent = ({"error": "stopped: another node failed its self-test", "aborted": True}
+              if any(r.get("error") and not r.get("peer_failure") for r in results.values())
+              else {"error": "no report before the deadline"})
+    evidence = {
+        "allreduce": {n: results.get(n, {"node": n, **silent}) for n in names},
+        "bytes": TENSOR_BYTES,
+        "iters": ITERS,
+        "seconds": round(time.monotonic() - started, 3),
+        "dcgm": dcgm_summary(max(5.0, deadline - time.monotonic())),
+        "run_dir": str(run_dir),
+    }
+    dcgm = evidence["dcgm"]
+    if isinstance(dcgm, dict) and not dcgm["ok"] and not failed:
+        failed, why = names, "dcgmi diag -r 1 failed"
+    message = f"preflight failed on {', '.join(failed)}: {why}" if failed else (
+        f"all-reduce of {TENSOR_BYTES} bytes across {len(names)} nodes passed")
+    return PreflightResult(ok=not failed, failed_nodes=tuple(failed), evidence=evidence,
+                           message=message)

@@ -1,0 +1,140 @@
+"""Finding and signalling the processes of the local fleet through /proc.
+
+Every process an attempt starts carries tags in its environment
+(`REGATTA_LOCAL_FLEET`, `REGATTA_LOCAL_ATTEMPT_DIR`, `REGATTA_NODE`), and
+children inherit them. torchrun puts each rank in a session of its own and a
+killed torchrun leaves its ranks to init, so neither process groups nor the
+parent tree find every rank; the tags do, from any process, after any restart.
+
+Standard library only: `launcher.py` imports this module as a plain script.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+
+FLEET_TAG = "REGATTA_LOCAL_FLEET"
+ATTEMPT_TAG = "REGATTA_LOCAL_ATTEMPT_DIR"
+NODE_TAG = "REGATTA_NODE"
+_WANTED = (FLEET_TAG, ATTEMPT_TAG, NODE_TAG, "RANK", "LOCAL_RANK")
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    ppid: int
+    state: str  # R, S, D, T (stopped), Z (zombie), ...
+    starttime: int  # clock ticks since boot; tells a reused pid apart
+    env: dict = field(default_factory=dict)
+
+    @property
+    def rank(self) -> int | None:
+        value = self.env.get("RANK")
+        return int(value) if value is not None and value.isdigit() else None
+
+
+def stat(pid: int) -> tuple[int, str, int] | None:
+    """(ppid, state, starttime) of a live or zombie pid, None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read().decode(errors="replace")
+    except OSError:
+        return None
+    # The command name sits in parentheses and may itself hold spaces or ')'.
+    rest = raw[raw.rindex(")") + 2:].split()
+    return int(rest[1]), rest[0], int(rest[19])
+
+
+def starttime(pid: int) -> int | None:
+    info = stat(pid)
+    return info[2] if info else None
+
+
+def is_running(pid: int | None, start: int | None = None) -> bool:
+    """True while `pid` exists, is not a zombie, and (if given) began at `start`."""
+    if not pid:
+        return False
+    info = stat(pid)
+    if info is None or info[1] in ("Z", "X"):
+        return False
+    return start is None or info[2] == start
+
+
+def _environ(pid: int) -> dict:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return {}
+    env = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep and key.decode(errors="replace") in _WANTED:
+            env[key.decode()] = value.decode(errors="replace")
+    return env
+
+
+def scan(**tags: str) -> list[Proc]:
+    """Live processes whose environment holds every `tag=value` given
+    (keys: fleet, attempt_dir, node)."""
+    names = {"fleet": FLEET_TAG, "attempt_dir": ATTEMPT_TAG, "node": NODE_TAG}
+    wanted = {names[k]: str(v) for k, v in tags.items()}
+    me = os.getpid()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        pid = int(entry)
+        env = _environ(pid)
+        if not env or any(env.get(k) != v for k, v in wanted.items()):
+            continue
+        info = stat(pid)
+        if info is None or info[1] in ("Z", "X"):
+            continue
+        found.append(Proc(pid=pid, ppid=info[0], state=info[1], starttime=info[2], env=env))
+    return found
+
+
+def top_ranks(procs: list[Proc]) -> list[Proc]:
+    """The rank processes torchrun started, not their own children."""
+    by_pid = {p.pid: p for p in procs}
+    return [
+        p for p in procs
+        if p.rank is not None and (p.ppid not in by_pid or by_pid[p.ppid].rank is None)
+    ]
+
+
+def send(procs: list[Proc], sig: int) -> list[int]:
+    """Signal each process that is still the one we found; return who got it."""
+    sent = []
+    for p in procs:
+        if starttime(p.pid) != p.starttime:
+            continue
+        try:
+            os.kill(p.pid, sig)
+            sent.append(p.pid)
+        except ProcessLookupError:
+            pass
+    return sent
+
+
+def kill_hard(procs: list[Proc]) -> list[int]:
+    """SIGKILL, stopping everyone first so that no survivor reacts to the others'
+    deaths half-way; a SIGSTOPped (hung) process dies on SIGKILL as well."""
+    send(procs, signal.SIGSTOP)
+    killed = send(procs, signal.SIGKILL)
+    send(procs, signal.SIGCONT)
+    return killed
+
+
+def wait_gone(procs: list[Proc], timeout: float, interval: float = 0.1) -> list[Proc]:
+    """Wait up to `timeout` for the processes to end; return those still running."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [p for p in procs if is_running(p.pid, p.starttime)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(interval)

@@ -1,0 +1,173 @@
+"""The local provider: logical nodes on this machine, one detached torchrun per
+node of an attempt, state in `<LOCAL_FLEET_DIR>/<cluster>/` (docs/fleet.md)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from controlplane.lib.errors import PermanentError
+
+from ..base import (
+    AttemptStatus,
+    FaultKind,
+    HealthSignal,
+    LaunchRequest,
+    NodeInfo,
+    Placement,
+    PoolInfo,
+    PreflightResult,
+)
+from . import attempts, faults, preflight, procs
+from .base_paths import LAUNCHER
+from .book import NodeBook
+
+
+class LocalProvider:
+    kind = "local"
+
+    def __init__(self, cluster: str, root: Path, python: str = sys.executable):
+        self.cluster = cluster
+        self.root = Path(root).resolve()
+        self.python = python
+        self.book = NodeBook(self.root)
+
+    @classmethod
+    def for_cluster(cls, cluster) -> LocalProvider:
+        from django.conf import settings
+
+        base = (cluster.settings or {}).get("fleet_dir") or settings.LOCAL_FLEET_DIR
+        return cls(cluster.name, Path(base) / cluster.name,
+                   python=(cluster.settings or {}).get("python") or sys.executable)
+
+    # --- nodes ------------------------------------------------------------
+    def _info(self, pool: PoolInfo, node: dict) -> NodeInfo:
+        ready = not node["down"]
+        return NodeInfo(
+            name=node["name"], provider_id=node["provider_id"], address="127.0.0.1",
+            gpus=pool.gpus_per_node, ready=ready, unschedulable=node["unschedulable"],
+            labels={"regatta/pool": pool.name, "regatta/provider": "local"},
+            conditions={"Ready": "True" if ready else "False"},
+        )
+
+    def _node(self, data: dict, pool: PoolInfo, name: str) -> dict:
+        node = NodeBook.pool(data, pool.name)["nodes"].get(name)
+        if node is None or node["retired"]:
+            raise PermanentError(f"{self.cluster}/{pool.name}: no node {name!r}")
+        return node
+
+    def list_nodes(self, pool: PoolInfo) -> list[NodeInfo]:
+        with self.book.edit() as data:
+            entry = NodeBook.pool(data, pool.name)
+            if not entry["nodes"]:
+                for _ in range(pool.size + pool.spare_count):
+                    NodeBook.new_node(data, self.cluster, pool.name)
+            nodes = [n for n in entry["nodes"].values() if not n["retired"]]
+        return [self._info(pool, n) for n in sorted(nodes, key=lambda n: n["created_at"])]
+
+    def provision_node(self, pool: PoolInfo, name: str = "") -> NodeInfo:
+        with self.book.edit() as data:
+            existing = NodeBook.pool(data, pool.name)["nodes"].get(name) if name else None
+            if existing and existing["retired"]:
+                raise PermanentError(f"node name {name!r} belonged to a retired node")
+            node = existing or NodeBook.new_node(data, self.cluster, pool.name, name)
+        return self._info(pool, node)
+
+    def cordon(self, pool: PoolInfo, node: str) -> None:
+        with self.book.edit() as data:
+            self._node(data, pool, node)["unschedulable"] = True
+
+    def uncordon(self, pool: PoolInfo, node: str) -> None:
+        with self.book.edit() as data:
+            self._node(data, pool, node)["unschedulable"] = False
+
+    def drain(self, pool: PoolInfo, node: str, grace_s: float = 60.0) -> None:
+        """Cordon, SIGTERM the node's ranks (the trainer checkpoints and exits 83),
+        and leave a detached killer to SIGKILL what still runs after grace."""
+        self.cordon(pool, node)
+        ranks = procs.top_ranks(procs.scan(fleet=str(self.root), node=node))
+        if not ranks:
+            return
+        procs.send(ranks, signal.SIGTERM)
+        with open(self.root / "killer.err", "ab") as err:
+            subprocess.Popen(
+                [self.python, str(LAUNCHER), "kill-after", "--seconds", str(grace_s),
+                 "--fleet", str(self.root), "--node", node],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                start_new_session=True,
+            ).wait(timeout=15)
+
+    def replace(self, pool: PoolInfo, node: str) -> NodeInfo | None:
+        with self.book.edit() as data:
+            old = NodeBook.pool(data, pool.name)["nodes"].get(node)
+            if old is None:
+                raise PermanentError(f"{self.cluster}/{pool.name}: no node {node!r}")
+            if old["retired"]:
+                # Idempotent: the replacement made the first time is returned.
+                successor = old.get("replaced_by")
+                new = NodeBook.pool(data, pool.name)["nodes"].get(successor or "")
+                return self._info(pool, new) if new else None
+            old.update(retired=True, retired_at=time.time(), unschedulable=True)
+            new = NodeBook.new_node(data, self.cluster, pool.name)
+            old["replaced_by"] = new["name"]
+        faults.kill_node(self.root, node)
+        return self._info(pool, new)
+
+    # --- attempts ---------------------------------------------------------
+    def launch(self, request: LaunchRequest) -> dict:
+        return attempts.launch(self.root, request, python=self.python)
+
+    def observe(self, ref: dict) -> AttemptStatus:
+        return attempts.observe(ref)
+
+    def stop(self, ref: dict, grace_s: float = 30.0) -> None:
+        attempts.stop(ref, grace_s)
+
+    def preflight(self, pool: PoolInfo, placements: tuple[Placement, ...],
+                  timeout_s: float = 60.0) -> PreflightResult:
+        data = self.book.read()
+        nodes = NodeBook.pool(data, pool.name)["nodes"]
+        bad = {p.node for p in placements if nodes.get(p.node, {}).get("bad")}
+        return preflight.run_preflight(self.root, tuple(placements), bad, timeout_s,
+                                       python=self.python)
+
+    # --- health and faults ------------------------------------------------
+    def health_signals(self, pool: PoolInfo) -> list[HealthSignal]:
+        with self.book.edit() as data:
+            mine = [s for s in data["signals"] if s["pool"] == pool.name]
+            data["signals"] = [s for s in data["signals"] if s["pool"] != pool.name]
+        return [
+            HealthSignal(node=s["node"], kind=s["kind"], severity=s["severity"],
+                         message=s["message"], evidence=s["evidence"], key=s["key"])
+            for s in mine
+        ]
+
+    def inject_fault(self, pool: PoolInfo, node: str, kind: str) -> dict:
+        if kind not in FaultKind.ALL:
+            raise PermanentError(f"unknown fault {kind!r}; one of {', '.join(FaultKind.ALL)}")
+        with self.book.edit() as data:
+            entry = self._node(data, pool, node)
+            if kind in (FaultKind.XID, FaultKind.SPOT_NOTICE):
+                record = faults.health_signal(pool.name, node, kind)
+                data["signals"].append(record)
+                return {"fault": kind, "node": node, "key": record["key"],
+                        "evidence": record["evidence"]}
+            if kind == FaultKind.PREFLIGHT_FAIL:
+                entry["bad"] = True
+                return {"fault": kind, "node": node, "bad": True}
+            if kind == FaultKind.KILL:
+                entry["down"] = True
+                lost = faults.lost_signal(pool.name, node)
+                data["signals"].append(lost)
+            else:
+                entry["hung"] = True
+        if kind == FaultKind.KILL:
+            return faults.kill_node(self.root, node)
+        return faults.hang_node(self.root, node)
+
+    def kill_rank(self, ref: dict, rank: int, sig: int = signal.SIGKILL) -> int:
+        """Kill one rank process of a running attempt (tests: "a rank died")."""
+        return faults.kill_rank(ref["dir"], rank, sig)

@@ -1,0 +1,94 @@
+"""Keep Node rows in step with what the provider reports, and the spare pool full."""
+
+from __future__ import annotations
+
+from django.db.models import F
+
+from clusters.models import Node, NodeEvent
+
+ACTIVE = (Node.State.PROVISIONING, Node.State.READY, Node.State.CORDONED, Node.State.DRAINING)
+
+
+def sync_pool(pool, provider, info, now) -> None:
+    reported = {n.name: n for n in provider.list_nodes(info)}
+    rows = {n.name: n for n in Node.objects.filter(cluster_id=pool.cluster_id, pool=pool)}
+    working = sum(1 for n in rows.values() if n.state in ACTIVE and not n.is_spare)
+    for name, seen in reported.items():
+        row = rows.get(name)
+        if row is None:
+            is_spare = working >= pool.size
+            working += 0 if is_spare else 1
+            row = Node.objects.create(
+                cluster_id=pool.cluster_id, pool=pool, name=name, provider_id=seen.provider_id,
+                address=seen.address, gpus=seen.gpus, labels=seen.labels, is_spare=is_spare,
+                state=Node.State.PROVISIONING, created_at=now,
+            )
+            NodeEvent.objects.create(
+                node=row, from_state="", to_state=Node.State.PROVISIONING, created_at=now,
+                reason="found at the provider" + (" (spare)" if is_spare else ""),
+            )
+        if row.state == Node.State.PROVISIONING and seen.ready:
+            row.transition(Node.State.READY, reason="provider reports it ready", now=now)
+        elif row.state == Node.State.READY and not seen.ready:
+            row.transition(Node.State.FAILED, reason="provider reports it not ready", now=now,
+                           evidence={"conditions": seen.conditions})
+            Node.objects.filter(pk=row.pk).update(failure_count=F("failure_count") + 1)
+    for name, row in rows.items():
+        if name not in reported and row.state not in Node.RETIRED:
+            row.transition(Node.State.TERMINATED, reason="no longer at the provider", now=now)
+
+
+def promote_for_size(pool, now) -> None:
+    """A pool short of working nodes (one was retired) takes spares."""
+    from .replacement import promote_spare
+
+    working = Node.objects.filter(
+        pool=pool, is_spare=False, state__in=(Node.State.READY, Node.State.PROVISIONING)
+    ).count()
+    for _ in range(max(0, pool.size - working)):
+        if promote_spare(pool, None, now) is None:
+            break
+
+
+def keep_spares(pool, provider, info, now) -> None:
+    spares = Node.objects.filter(
+        pool=pool, is_spare=True, state__in=(Node.State.PROVISIONING, Node.State.READY)
+    ).count()
+    for _ in range(max(0, pool.spare_count - spares)):
+        name = _free_name(pool)
+        seen = provider.provision_node(info, name)
+        row, created = Node.objects.get_or_create(
+            cluster_id=pool.cluster_id, name=seen.name,
+            defaults={"pool": pool, "provider_id": seen.provider_id, "address": seen.address,
+                      "gpus": seen.gpus, "is_spare": True, "state": Node.State.PROVISIONING,
+                      "created_at": now},
+        )
+        if created:
+            NodeEvent.objects.create(node=row, from_state="", to_state=Node.State.PROVISIONING,
+                                     reason="provisioned to keep the spare pool full",
+                                     created_at=now)
+        if seen.ready and row.state == Node.State.PROVISIONING:
+            row.transition(Node.State.READY, reason="provider reports it ready", now=now)
+
+
+def _free_name(pool) -> str:
+    taken = set(Node.objects.filter(cluster_id=pool.cluster_id).values_list("name", flat=True))
+    n = len(taken)
+    while True:
+        name = f"{pool.cluster.name}-{pool.name}-{n}"
+        if name not in taken:
+            return name
+        n += 1
+
+
+def account_ready_time(cluster, now) -> None:
+    """Add the time since the last pass to every ready node: the denominator
+    of the fleet's measured failure rate."""
+    if cluster.last_reconciled_at is None:
+        return
+    delta = (now - cluster.last_reconciled_at).total_seconds()
+    if delta <= 0:
+        return
+    Node.objects.filter(cluster=cluster, state=Node.State.READY).update(
+        ready_seconds=F("ready_seconds") + delta
+    )
