@@ -1,0 +1,112 @@
+from django.contrib import admin, messages
+from django.db.models import F, IntegerField, OuterRef, Subquery, Sum
+from django.db.models.functions import Coalesce
+
+from controlplane.lib.errors import IllegalTransition
+
+from .models import JobAttempt, JobEvent, Quota, Team, TrainingJob
+from .services import poke
+
+STATUS_FIELDS = (
+    "phase", "observed_generation", "conditions", "pending_reason", "last_error",
+    "current_step", "progress", "restart_counts", "checkpoint_interval_steps",
+    "checkpoint_interval_inputs", "phase_changed_at", "admitted_at", "started_at",
+    "finished_at", "next_reconcile_at", "generation", "cancel_requested_at",
+)
+
+
+class QuotaInline(admin.TabularInline):
+    model = Quota
+    extra = 0
+
+
+@admin.register(Team)
+class TeamAdmin(admin.ModelAdmin):
+    list_display = ("name", "display_name", "member_count")
+    search_fields = ("name", "display_name")
+    filter_horizontal = ("members",)
+    inlines = [QuotaInline]
+
+    @admin.display(description="members")
+    def member_count(self, obj):
+        return obj.members.count()
+
+
+@admin.register(Quota)
+class QuotaAdmin(admin.ModelAdmin):
+    list_display = ("team", "cluster", "gpus_in_use", "gpus", "max_running_jobs",
+                    "priority_weight", "can_borrow")
+    list_filter = ("cluster", "can_borrow")
+    list_editable = ("gpus", "max_running_jobs", "priority_weight", "can_borrow")
+
+    def get_queryset(self, request):
+        # One query for the whole list: GPUs held by the team's active jobs.
+        held = (
+            TrainingJob.objects.filter(
+                team=OuterRef("team"), cluster=OuterRef("cluster"),
+                phase__in=TrainingJob.HOLDS_GPUS,
+            )
+            .values("team")
+            .annotate(total=Sum(F("num_nodes") * F("gpus_per_node")))
+            .values("total")
+        )
+        return super().get_queryset(request).select_related("team", "cluster").annotate(
+            _gpus_in_use=Coalesce(Subquery(held, output_field=IntegerField()), 0)
+        )
+
+    @admin.display(description="GPUs in use / limit", ordering="_gpus_in_use")
+    def gpus_in_use(self, obj):
+        return f"{obj._gpus_in_use} / {obj.gpus}"
+
+
+class JobEventInline(admin.TabularInline):
+    model = JobEvent
+    extra = 0
+    can_delete = False
+    fields = ("created_at", "kind", "from_phase", "to_phase", "actor", "message", "evidence")
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+class JobAttemptInline(admin.TabularInline):
+    model = JobAttempt
+    extra = 0
+    can_delete = False
+    fields = ("number", "state", "started_at", "ended_at", "exit_code", "failure_class",
+              "resume_step")
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(TrainingJob)
+class TrainingJobAdmin(admin.ModelAdmin):
+    list_display = ("id", "name", "team", "cluster", "phase", "num_nodes", "gpus_per_node",
+                    "current_step", "pending_reason", "created_at")
+    list_filter = ("phase", "cluster", "team", "strategy")
+    search_fields = ("name",)
+    readonly_fields = STATUS_FIELDS
+    inlines = [JobAttemptInline, JobEventInline]
+    actions = ["cancel"]
+
+    @admin.action(description="Cancel the selected jobs")
+    def cancel(self, request, queryset):
+        asked = 0
+        for job in queryset:
+            try:
+                if job.request_cancel(actor=f"user:{request.user.username}"):
+                    asked += 1
+                    poke(job)
+            except IllegalTransition as exc:
+                self.message_user(request, str(exc), messages.WARNING)
+        self.message_user(request, f"Cancel asked for {asked} job(s).")
+
+    def save_model(self, request, obj, form, change):
+        # A spec edit is a new generation for the reconciler to act on.
+        if change and form.changed_data:
+            obj.generation += 1
+        super().save_model(request, obj, form, change)
+        poke(obj)

@@ -1,0 +1,94 @@
+"""The goodput ledger: where each job's GPU time went.
+
+Every entry is keyed, and booking the same key twice stores it once, so a
+reconcile pass that runs again (or on two workers) never double-counts.
+
+Categories, and when they are booked:
+- queued: from entering the queue to admission (at admission);
+- productive: an attempt's time from its first step to its end, less what
+  the failure rolled back, the hang before detection and checkpoint stalls;
+- rollback: from the checkpoint the failure fell back to (or the attempt's
+  first step, if newer) to the failure;
+- hang: from the silent rank's last heartbeat to the detection;
+- checkpoint: the blocking seconds of the attempt's checkpoints;
+- restart: from the failure's detection to the next attempt's first step.
+gpu_seconds = seconds × the job's GPUs.
+"""
+
+from __future__ import annotations
+
+from django.db import IntegrityError, transaction
+from django.db.models import Sum
+
+from .models import GoodputEntry
+
+Category = GoodputEntry.Category
+
+
+def book(job, category: str, seconds: float, key: str, *, attempt=None, detail: str = "",
+         now=None) -> GoodputEntry | None:
+    seconds = max(0.0, float(seconds))
+    defaults = {
+        "category": category, "seconds": seconds, "gpu_seconds": seconds * job.gpus,
+        "attempt": attempt, "detail": detail[:300],
+    }
+    if now is not None:
+        defaults["created_at"] = now
+    try:
+        with transaction.atomic():
+            entry, _ = GoodputEntry.objects.get_or_create(job=job, key=key, defaults=defaults)
+    except IntegrityError:
+        entry = GoodputEntry.objects.filter(job=job, key=key).first()
+    return entry
+
+
+def book_queueing(job, since, now) -> None:
+    if since is None:
+        return
+    book(job, Category.QUEUED, (now - since).total_seconds(),
+         f"queued-{int(since.timestamp() * 1000)}", detail="waiting for admission", now=now)
+
+
+def book_attempt_end(job, attempt, *, ended_at, rollback_s: float = 0.0, hang_s: float = 0.0,
+                     detail: str = "") -> None:
+    """Book the span of an attempt that ended (succeeded, failed or stopped)."""
+    from checkpoints.models import Checkpoint
+
+    stalls = (
+        Checkpoint.objects.filter(attempt=attempt).aggregate(s=Sum("blocking_seconds"))["s"] or 0.0
+    )
+    if stalls:
+        book(job, Category.CHECKPOINT, stalls, f"attempt-{attempt.id}-checkpoint",
+             attempt=attempt, detail="blocking checkpoint saves", now=ended_at)
+    if rollback_s > 0:
+        book(job, Category.ROLLBACK, rollback_s, f"attempt-{attempt.id}-rollback",
+             attempt=attempt, detail=detail or "work since the checkpoint resumed from",
+             now=ended_at)
+    if hang_s > 0:
+        book(job, Category.HANG, hang_s, f"attempt-{attempt.id}-hang", attempt=attempt,
+             detail="silent ranks before the deadline fired", now=ended_at)
+    if attempt.first_step_at is not None:
+        ran = (ended_at - attempt.first_step_at).total_seconds()
+        productive = ran - rollback_s - hang_s - stalls
+        book(job, Category.PRODUCTIVE, productive, f"attempt-{attempt.id}-productive",
+             attempt=attempt, detail=f"attempt {attempt.number}", now=ended_at)
+
+
+def book_restart(job, previous, attempt) -> None:
+    """Failure detected (previous attempt ended) → first step of the next one."""
+    if previous is None or previous.ended_at is None or attempt.first_step_at is None:
+        return
+    book(job, Category.RESTART, (attempt.first_step_at - previous.ended_at).total_seconds(),
+         f"restart-{attempt.id}", attempt=attempt,
+         detail=f"attempt {previous.number} → {attempt.number}", now=attempt.first_step_at)
+
+
+def summarize(entries) -> dict:
+    """Seconds and GPU-seconds per category, and the productive share."""
+    rows = entries.values("category").annotate(s=Sum("seconds"), g=Sum("gpu_seconds"))
+    out = {c.value: {"seconds": 0.0, "gpu_seconds": 0.0} for c in Category}
+    for row in rows:
+        out[row["category"]] = {"seconds": row["s"] or 0.0, "gpu_seconds": row["g"] or 0.0}
+    held = sum(v["gpu_seconds"] for k, v in out.items() if k != Category.QUEUED)
+    productive = out[Category.PRODUCTIVE]["gpu_seconds"]
+    return {"categories": out, "goodput_ratio": (productive / held) if held else None}

@@ -1,0 +1,465 @@
+"""Teams, quotas, training jobs and everything that happens to them.
+
+A job's spec is written by people (through the API or admin); its status is
+written only by the reconciler, through the transition methods below.
+"""
+
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.db import models, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from controlplane.lib.errors import IllegalTransition
+
+
+class Team(models.Model):
+    name = models.SlugField(max_length=63, unique=True)
+    display_name = models.CharField(max_length=150, blank=True)
+    members = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="teams", blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.display_name or self.name
+
+
+class Quota(models.Model):
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="quotas")
+    cluster = models.ForeignKey("clusters.Cluster", on_delete=models.CASCADE, related_name="quotas")
+    gpus = models.PositiveIntegerField(help_text="GPUs the team may hold at once on this cluster")
+    max_running_jobs = models.PositiveIntegerField(default=10)
+    priority_weight = models.PositiveIntegerField(default=1)
+    can_borrow = models.BooleanField(
+        default=False, help_text="May use idle capacity beyond the quota when nobody else waits"
+    )
+
+    class Meta:
+        ordering = ["team__name", "cluster__name"]
+        constraints = [
+            models.UniqueConstraint(fields=["team", "cluster"], name="uniq_quota_team_cluster")
+        ]
+
+    def __str__(self):
+        return f"{self.team} on {self.cluster}: {self.gpus} GPUs"
+
+    def usage(self) -> dict:
+        """GPUs and jobs the team holds on this cluster right now."""
+        active = TrainingJob.objects.filter(
+            team_id=self.team_id, cluster_id=self.cluster_id, phase__in=TrainingJob.HOLDS_GPUS
+        )
+        gpus = sum(j.num_nodes * j.gpus_per_node for j in active.only("num_nodes", "gpus_per_node"))
+        return {
+            "gpus_used": gpus,
+            "gpus_limit": self.gpus,
+            "gpus_free": max(0, self.gpus - gpus),
+            "running_jobs": active.count(),
+            "running_jobs_limit": self.max_running_jobs,
+        }
+
+
+class Phase(models.TextChoices):
+    PENDING = "pending"
+    QUEUED = "queued"
+    ADMITTED = "admitted"
+    STARTING = "starting"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class FailureClass(models.TextChoices):
+    CODE = "code", "Code error (fail fast)"
+    TRANSIENT = "transient", "Transient (retry with backoff)"
+    HARDWARE = "hardware", "Hardware (replace node, resume)"
+    PREEMPTED = "preempted", "Preempted (spot notice or drain)"
+    HANG = "hang", "Hang (missed heartbeats)"
+
+
+DEFAULT_RESTART_BUDGETS = {"code": 0, "transient": 3, "hardware": 5, "preempted": 10, "hang": 3}
+
+
+def default_restart_budgets():
+    return dict(DEFAULT_RESTART_BUDGETS)
+
+
+class TrainingJob(models.Model):
+    P = Phase
+    TERMINAL = (P.SUCCEEDED, P.FAILED, P.CANCELLED)
+    HOLDS_GPUS = (P.ADMITTED, P.STARTING, P.RUNNING, P.RESTARTING)
+    # Allowed source phases for each target phase.
+    TRANSITIONS = {
+        P.QUEUED: {P.PENDING, P.RESTARTING, P.ADMITTED},
+        P.ADMITTED: {P.QUEUED},
+        P.STARTING: {P.ADMITTED, P.RESTARTING},
+        P.RUNNING: {P.STARTING, P.RESTARTING},
+        P.RESTARTING: {P.STARTING, P.RUNNING},
+        P.SUCCEEDED: {P.STARTING, P.RUNNING, P.RESTARTING},
+        P.FAILED: {P.PENDING, P.QUEUED, P.ADMITTED, P.STARTING, P.RUNNING, P.RESTARTING},
+        P.CANCELLED: {P.PENDING, P.QUEUED, P.ADMITTED, P.STARTING, P.RUNNING, P.RESTARTING},
+    }
+
+    class Strategy(models.TextChoices):
+        DDP = "ddp"
+        FSDP = "fsdp"
+
+    class CheckpointPolicy(models.TextChoices):
+        STEPS = "steps", "Every N steps"
+        AUTO = "auto", "Auto (Young/Daly)"
+
+    # --- spec --------------------------------------------------------------
+    name = models.CharField(max_length=100)
+    team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="jobs")
+    cluster = models.ForeignKey("clusters.Cluster", on_delete=models.PROTECT, related_name="jobs")
+    pool = models.ForeignKey(
+        "clusters.NodePool", on_delete=models.PROTECT, related_name="jobs", null=True, blank=True
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+        related_name="submitted_jobs",
+    )
+    image = models.CharField(max_length=300, default="regatta/trainer:latest")
+    entrypoint = models.JSONField(default=list, blank=True, help_text="argv; empty: the trainer")
+    num_nodes = models.PositiveIntegerField()
+    gpus_per_node = models.PositiveIntegerField()
+    strategy = models.CharField(max_length=8, choices=Strategy.choices, default=Strategy.DDP)
+    hyperparameters = models.JSONField(default=dict, blank=True)
+    checkpoint_policy = models.CharField(
+        max_length=8, choices=CheckpointPolicy.choices, default=CheckpointPolicy.STEPS
+    )
+    checkpoint_every_steps = models.PositiveIntegerField(default=100)
+    keep_last = models.PositiveIntegerField(default=3)
+    restart_budgets = models.JSONField(default=default_restart_budgets)
+    priority = models.IntegerField(default=0)
+    spot_allowed = models.BooleanField(default=False)
+    storage_uri = models.CharField(max_length=1000, blank=True)
+    # Desired state beside the spec: a cancel is asked for here and finished
+    # by the reconciler, which stops the ranks.
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    # A person may ask to restart from a chosen checkpoint step.
+    restart_from_step = models.PositiveIntegerField(null=True, blank=True)
+    generation = models.PositiveIntegerField(default=1)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    # --- status (the reconciler's) -------------------------------------------
+    phase = models.CharField(max_length=12, choices=Phase.choices, default=Phase.PENDING)
+    observed_generation = models.PositiveIntegerField(default=0)
+    conditions = models.JSONField(default=list, blank=True)
+    pending_reason = models.CharField(max_length=500, blank=True)
+    last_error = models.TextField(blank=True)
+    current_step = models.PositiveIntegerField(default=0)
+    progress = models.JSONField(default=dict, blank=True)
+    restart_counts = models.JSONField(default=dict, blank=True)
+    checkpoint_interval_steps = models.PositiveIntegerField(null=True, blank=True)
+    checkpoint_interval_inputs = models.JSONField(default=dict, blank=True)
+    phase_changed_at = models.DateTimeField(default=timezone.now)
+    admitted_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    next_reconcile_at = models.DateTimeField(null=True, blank=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["cluster", "phase"]),
+            models.Index(fields=["team", "phase"]),
+        ]
+
+    def __str__(self):
+        return f"{self.name} (#{self.pk})"
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    @property
+    def gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.phase in self.TERMINAL
+
+    @property
+    def effective_checkpoint_every(self) -> int:
+        return self.checkpoint_interval_steps or self.checkpoint_every_steps
+
+    def transition(self, target, *, reason: str, message: str = "", actor: str = "reconciler",
+                   evidence=None, attempt=None, now=None, **fields) -> "JobEvent":
+        """Move to `target` only from an allowed phase, with a conditional
+        update, and write the JobEvent. Raises IllegalTransition otherwise.
+
+        Only reconcile code and the few model methods below call this.
+        """
+        now = now or timezone.now()
+        allowed = self.TRANSITIONS[target]
+        with transaction.atomic():
+            source = self.phase
+            changed = TrainingJob.objects.filter(pk=self.pk, phase=source).filter(
+                phase__in=allowed
+            ).update(phase=target, phase_changed_at=now, **fields)
+            if not changed:
+                current = TrainingJob.objects.filter(pk=self.pk).values_list("phase", flat=True)
+                raise IllegalTransition("job", self.pk, current.first() or source, target)
+            self.refresh_from_db()
+            return JobEvent.objects.create(
+                job=self, attempt=attempt, kind=reason, message=message, actor=actor,
+                evidence=evidence or {}, from_phase=source, to_phase=target, created_at=now,
+            )
+
+    def record(self, kind: str, message: str = "", *, actor: str = "reconciler",
+               evidence=None, attempt=None, now=None) -> "JobEvent":
+        """Write a timeline event that does not change the phase."""
+        return JobEvent.objects.create(
+            job=self, attempt=attempt, kind=kind, message=message, actor=actor,
+            evidence=evidence or {}, from_phase=self.phase, to_phase=self.phase,
+            created_at=now or timezone.now(),
+        )
+
+    def request_cancel(self, actor: str, now=None) -> bool:
+        """Ask for the job to stop. Idempotent: returns False (and writes
+        nothing) if a cancel was already asked for or the job already ended
+        cancelled; raises IllegalTransition if it ended otherwise."""
+        now = now or timezone.now()
+        with transaction.atomic():
+            job = TrainingJob.objects.select_for_update().get(pk=self.pk)
+            if job.phase == Phase.CANCELLED or job.cancel_requested_at is not None:
+                self.refresh_from_db()
+                return False
+            if job.is_terminal:
+                raise IllegalTransition("job", job.pk, job.phase, Phase.CANCELLED)
+            TrainingJob.objects.filter(pk=job.pk).update(
+                cancel_requested_at=now, generation=F("generation") + 1
+            )
+            job.refresh_from_db()
+            job.record("CancelRequested", f"cancel asked by {actor}", actor=actor, now=now)
+            if job.phase in (Phase.PENDING, Phase.QUEUED):
+                # Nothing runs yet: nothing for the reconciler to stop.
+                job.transition(Phase.CANCELLED, reason="Cancelled", actor=actor,
+                               message="cancelled before it started", now=now,
+                               finished_at=now, pending_reason="")
+        self.refresh_from_db()
+        return True
+
+    def request_restart(self, from_step: int, actor: str, now=None) -> "JobEvent":
+        """Ask the reconciler to restart the gang from checkpoint `from_step`
+        (a spec change: the generation rises). Raises IllegalTransition for
+        a job that has ended."""
+        now = now or timezone.now()
+        with transaction.atomic():
+            job = TrainingJob.objects.select_for_update().get(pk=self.pk)
+            if job.is_terminal or job.cancel_requested_at is not None:
+                raise IllegalTransition("job", job.pk, job.phase, Phase.RESTARTING)
+            TrainingJob.objects.filter(pk=job.pk).update(
+                restart_from_step=from_step, generation=F("generation") + 1
+            )
+            job.refresh_from_db()
+            event = job.record(
+                "RestartRequested", f"restart from step {from_step} asked by {actor}",
+                actor=actor, evidence={"from_step": from_step}, now=now,
+            )
+        self.refresh_from_db()
+        return event
+
+    def running_attempt(self) -> "JobAttempt | None":
+        return self.attempts.filter(state=JobAttempt.State.RUNNING).order_by("-number").first()
+
+
+class JobAttempt(models.Model):
+    """One launch of the gang on a set of nodes."""
+
+    class State(models.TextChoices):
+        PREFLIGHT = "preflight"
+        STARTING = "starting"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        STOPPED = "stopped"
+
+    ENDED = (State.SUCCEEDED, State.FAILED, State.STOPPED)
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="attempts")
+    number = models.PositiveIntegerField()
+    state = models.CharField(max_length=10, choices=State.choices, default=State.PREFLIGHT)
+    nodes = models.ManyToManyField("clusters.Node", through="AttemptNode", related_name="attempts")
+    token_hash = models.CharField(max_length=64, blank=True)
+    resumed_from = models.ForeignKey(
+        "checkpoints.Checkpoint", null=True, blank=True, on_delete=models.SET_NULL,
+        related_name="resumed_attempts",
+    )
+    resume_step = models.PositiveIntegerField(null=True, blank=True)
+    # The preflight check's result: all-reduce bandwidth, DCGM, failed nodes.
+    preflight = models.JSONField(default=dict, blank=True)
+    # What the provider needs to find this attempt again after a worker restart.
+    provider_ref = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    first_step_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    failure_class = models.CharField(max_length=10, choices=FailureClass.choices, blank=True)
+    failure_reason = models.TextField(blank=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    last_step = models.PositiveIntegerField(default=0)
+    # Directives to the trainer, carried on heartbeat replies.
+    checkpoint_request_id = models.CharField(max_length=64, blank=True)
+    checkpoint_requested_at = models.DateTimeField(null=True, blank=True)
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "number"], name="uniq_attempt_number_per_job")
+        ]
+
+    def __str__(self):
+        return f"{self.job_id}#{self.number}"
+
+    def issue_token(self) -> str:
+        """A fresh worker token for this attempt; only its hash is kept."""
+        raw = f"rgw_{self.pk}_{secrets.token_urlsafe(32)}"
+        self.token_hash = hash_token(raw)
+        JobAttempt.objects.filter(pk=self.pk).update(token_hash=self.token_hash)
+        return raw
+
+    def request_checkpoint(self, actor: str, now=None) -> str:
+        """Ask the running trainer for a checkpoint now: a fresh request id
+        goes out on the next heartbeat reply. Raises IllegalTransition unless
+        the attempt runs."""
+        now = now or timezone.now()
+        request_id = secrets.token_hex(8)
+        with transaction.atomic():
+            changed = JobAttempt.objects.filter(pk=self.pk, state=self.State.RUNNING).update(
+                checkpoint_request_id=request_id, checkpoint_requested_at=now
+            )
+            if not changed:
+                current = JobAttempt.objects.filter(pk=self.pk).values_list("state", flat=True)
+                raise IllegalTransition("attempt", self.pk, current.first() or self.state,
+                                        "checkpoint")
+            self.refresh_from_db()
+            self.job.record("CheckpointRequested", f"checkpoint asked by {actor}", actor=actor,
+                            attempt=self, evidence={"request_id": request_id}, now=now)
+        return request_id
+
+    def directives(self) -> dict:
+        job = self.job
+        interval = job.checkpoint_interval_steps if job.checkpoint_policy == "auto" else None
+        return {
+            "checkpoint_request": self.checkpoint_request_id or None,
+            "stop": self.stop_requested_at is not None,
+            "checkpoint_interval_steps": interval,
+        }
+
+
+def hash_token(raw: str) -> str:
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+class AttemptNode(models.Model):
+    attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="placements")
+    node = models.ForeignKey("clusters.Node", on_delete=models.PROTECT, related_name="placements")
+    node_rank = models.PositiveIntegerField()
+
+    class Meta:
+        ordering = ["attempt", "node_rank"]
+        constraints = [
+            models.UniqueConstraint(fields=["attempt", "node_rank"], name="uniq_node_rank"),
+            models.UniqueConstraint(fields=["attempt", "node"], name="uniq_node_per_attempt"),
+        ]
+
+
+class RankStatus(models.Model):
+    """The latest heartbeat of each rank of an attempt."""
+
+    attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="ranks")
+    rank = models.PositiveIntegerField()
+    node_name = models.CharField(max_length=253, blank=True)
+    step = models.PositiveIntegerField(default=0)
+    samples_per_s = models.FloatField(null=True, blank=True)
+    tokens_per_s = models.FloatField(null=True, blank=True)
+    step_time_s = models.FloatField(null=True, blank=True)
+    gpu = models.JSONField(null=True, blank=True)
+    last_heartbeat_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["attempt", "rank"]
+        constraints = [
+            models.UniqueConstraint(fields=["attempt", "rank"], name="uniq_rank_status")
+        ]
+
+
+class JobEvent(models.Model):
+    """The job's timeline and audit log: who or what did it, why, the evidence."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="events")
+    attempt = models.ForeignKey(
+        JobAttempt, null=True, blank=True, on_delete=models.SET_NULL, related_name="events"
+    )
+    kind = models.CharField(max_length=64)
+    message = models.TextField(blank=True)
+    actor = models.CharField(max_length=150, default="reconciler")
+    evidence = models.JSONField(default=dict, blank=True)
+    from_phase = models.CharField(max_length=12, blank=True)
+    to_phase = models.CharField(max_length=12, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self):
+        return f"{self.job_id} {self.kind}"
+
+
+class MetricPoint(models.Model):
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="metric_points")
+    attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="metric_points")
+    rank = models.PositiveIntegerField(default=0)
+    name = models.CharField(max_length=64)
+    step = models.PositiveIntegerField()
+    value = models.FloatField()
+    time = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            # Retried batches insert nothing twice.
+            models.UniqueConstraint(
+                fields=["attempt", "rank", "name", "step"], name="uniq_metric_point"
+            )
+        ]
+        indexes = [models.Index(fields=["job", "name", "step"])]
+
+
+class GoodputEntry(models.Model):
+    """One line of the goodput ledger: where a span of GPU time went."""
+
+    class Category(models.TextChoices):
+        PRODUCTIVE = "productive", "Productive training"
+        ROLLBACK = "rollback", "Work lost to rollback"
+        RESTART = "restart", "Restart latency"
+        CHECKPOINT = "checkpoint", "Checkpoint stalls"
+        HANG = "hang", "Hang before detection"
+        QUEUED = "queued", "Queueing"
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="goodput")
+    attempt = models.ForeignKey(
+        JobAttempt, null=True, blank=True, on_delete=models.SET_NULL, related_name="goodput"
+    )
+    category = models.CharField(max_length=12, choices=Category.choices)
+    seconds = models.FloatField()
+    gpu_seconds = models.FloatField()
+    detail = models.CharField(max_length=300, blank=True)
+    # Keeps a re-run reconcile from booking the same span twice.
+    key = models.CharField(max_length=120)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "key"], name="uniq_goodput_key")
+        ]

@@ -1,0 +1,230 @@
+"""Starting an attempt: choose nodes, check them, launch the gang.
+
+admitted/restarting → (preflight) → starting. A node that fails the preflight
+check is cordoned with the evidence and swapped for a spare or a free node;
+with no replacement the job goes back to the queue with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django.conf import settings
+from django.db import transaction
+
+from checkpoints.verification import job_checkpoint_uri, newest_verified
+from clusters.models import Cluster, Node, NodeHealthEvent
+from clusters.providers import LaunchRequest, Placement
+from clusters.reconcile.replacement import cordon_with_evidence, promote_spare
+from controlplane.lib.reconcile import Result
+
+from ..models import AttemptNode, JobAttempt, Phase, TrainingJob
+from ..scheduling import busy_node_ids
+from .common import Ctx, test_pause
+
+MAX_PREFLIGHT_ROUNDS = 3
+
+
+def start(ctx: Ctx) -> Result:
+    job = ctx.job
+    if job.phase == Phase.RESTARTING:
+        backoff = ctx.condition("RestartBackoff")
+        if backoff is not None and ctx.now.timestamp() < backoff["until"]:
+            return Result.after(backoff["until"] - ctx.now.timestamp(), "backing off")
+    attempt = ctx.live_attempt()
+    if attempt is None:
+        attempt = _create_attempt(ctx)
+        if attempt is None:
+            return _no_nodes(ctx)
+    if attempt.state == JobAttempt.State.PREFLIGHT:
+        if ctx.setting("preflight") and not attempt.preflight.get("ok"):
+            if not _preflight(ctx, attempt):
+                return Result.after(ctx.setting("queue_interval_s"), "preflight found no nodes")
+        test_pause("launch")
+        _launch(ctx, attempt)
+    return Result.after(min(1.0, ctx.setting("observe_interval_s")), "launched")
+
+
+def free_nodes(ctx: Ctx, prefer=()) -> list[Node]:
+    busy = busy_node_ids(ctx.cluster.id)
+    nodes = [
+        n for n in Node.objects.filter(pool=ctx.pool, state=Node.State.READY, is_spare=False)
+        .order_by("name")
+        if n.id not in busy
+    ]
+    preferred = set(prefer)
+    return sorted(nodes, key=lambda n: (n.id not in preferred, n.name))
+
+
+def _create_attempt(ctx: Ctx) -> JobAttempt | None:
+    job = ctx.job
+    previous = ctx.last_attempt()
+    prefer = []
+    if previous is not None:
+        # The same nodes, and the spares that replaced the ones taken out.
+        prefer = list(previous.placements.values_list("node_id", flat=True))
+        prefer += list(Node.objects.filter(replaces_id__in=prefer).values_list("id", flat=True))
+    with transaction.atomic():
+        # The cluster row serialises node picking: two jobs never take one node.
+        Cluster.objects.select_for_update().get(pk=ctx.cluster.pk)
+        nodes = free_nodes(ctx, prefer)[: job.num_nodes]
+        if len(nodes) < job.num_nodes:
+            return None
+        number = (previous.number + 1) if previous else 1
+        attempt = JobAttempt.objects.create(job=job, number=number, created_at=ctx.now)
+        AttemptNode.objects.bulk_create(
+            [AttemptNode(attempt=attempt, node=node, node_rank=i) for i, node in enumerate(nodes)]
+        )
+    return attempt
+
+
+def _no_nodes(ctx: Ctx) -> Result:
+    job = ctx.job
+    free = len(free_nodes(ctx))
+    reason = (f"needs {job.num_nodes} healthy nodes; {free} free in pool {ctx.pool.name}")
+    if job.phase == Phase.ADMITTED:
+        job.transition(Phase.QUEUED, reason="Requeued", message=reason, now=ctx.now,
+                       pending_reason=reason)
+    elif job.pending_reason != reason:
+        TrainingJob.objects.filter(pk=job.pk).update(pending_reason=reason)
+    return Result.after(ctx.setting("queue_interval_s"), reason)
+
+
+def _placements(attempt: JobAttempt) -> tuple[Placement, ...]:
+    return tuple(
+        Placement(node=p.node.name, node_rank=p.node_rank, provider_id=p.node.provider_id,
+                  address=p.node.address)
+        for p in attempt.placements.select_related("node").order_by("node_rank")
+    )
+
+
+def _preflight(ctx: Ctx, attempt: JobAttempt) -> bool:
+    """Check the chosen nodes; swap out those that fail. False: no nodes."""
+    job = ctx.job
+    for _ in range(MAX_PREFLIGHT_ROUNDS):
+        result = ctx.provider.preflight(ctx.pool_info, _placements(attempt),
+                                        timeout_s=ctx.setting("preflight_timeout_s"))
+        report = {"ok": result.ok, "failed_nodes": list(result.failed_nodes),
+                  "message": result.message, **result.evidence}
+        JobAttempt.objects.filter(pk=attempt.pk).update(preflight=report)
+        attempt.preflight = report
+        if result.ok:
+            job.record("PreflightPassed", result.message, attempt=attempt, now=ctx.now,
+                       evidence={"allreduce_gbps": result.evidence.get("allreduce_gbps"),
+                                 "nodes": [p.node for p in _placements(attempt)]})
+            return True
+        for name in result.failed_nodes:
+            if not _swap_failed_node(ctx, attempt, name, result):
+                reason = (f"preflight failed on {name}; no healthy replacement free "
+                          f"in pool {ctx.pool.name}")
+                JobAttempt.objects.filter(pk=attempt.pk).update(
+                    state=JobAttempt.State.FAILED, ended_at=ctx.now, failure_reason=reason
+                )
+                target = Phase.QUEUED
+                job.transition(target, reason="Requeued", message=reason, now=ctx.now,
+                               attempt=attempt, pending_reason=reason,
+                               evidence={"preflight": report})
+                return False
+    return False
+
+
+def _swap_failed_node(ctx: Ctx, attempt: JobAttempt, name: str, result) -> bool:
+    job = ctx.job
+    placement = attempt.placements.select_related("node").get(node__name=name)
+    bad = placement.node
+    evidence = {"preflight": result.evidence.get("per_node", {}).get(name, {}),
+                "message": result.message, "attempt": attempt.id}
+    cordon_with_evidence(bad, f"failed the preflight check: {result.message}", evidence,
+                         ctx.now, health_kind=NodeHealthEvent.Kind.NCCL_TEST)
+    job.record("PreflightFailed", f"{name} failed the preflight check", attempt=attempt,
+               now=ctx.now, evidence={"node": name, **evidence})
+    with transaction.atomic():
+        Cluster.objects.select_for_update().get(pk=ctx.cluster.pk)
+        in_attempt = set(attempt.placements.values_list("node_id", flat=True))
+        choices = [n for n in free_nodes(ctx) if n.id not in in_attempt]
+        replacement = choices[0] if choices else promote_spare(ctx.pool, bad, ctx.now)
+        if replacement is None:
+            return False
+        AttemptNode.objects.filter(pk=placement.pk).update(node=replacement)
+    job.record("NodeSwapped", f"{replacement.name} takes {name}'s place", attempt=attempt,
+               now=ctx.now, evidence={"old": name, "new": replacement.name})
+    return True
+
+
+def trainer_config(job: TrainingJob) -> dict:
+    """The job's hyperparameters in the trainer's field names (trainer/config.py)."""
+    config = dict(job.hyperparameters or {})
+    config["strategy"] = job.strategy
+    config["checkpoint_every_steps"] = job.effective_checkpoint_every
+    config["keep_last"] = job.keep_last
+    return config
+
+
+def resume_point(ctx: Ctx):
+    """(checkpoint or None, whether a person's restart_from_step was used)."""
+    job = ctx.job
+    asked = job.restart_from_step
+    honoured = (ctx.condition("RestartFromStep") or {}).get("generation")
+    if asked is not None and honoured != job.generation:
+        return newest_verified(job, ctx.now, at_most=asked), True
+    return newest_verified(job, ctx.now), False
+
+
+def _launch(ctx: Ctx, attempt: JobAttempt) -> None:
+    job = ctx.job
+    checkpoint, by_person = resume_point(ctx)
+    token = attempt.issue_token()
+    env = {
+        "REGATTA_URL": settings.PUBLIC_URL,
+        "REGATTA_TOKEN": token,
+        "REGATTA_JOB_ID": str(job.id),
+        "REGATTA_ATTEMPT_ID": str(attempt.id),
+        "REGATTA_CHECKPOINT_URI": job_checkpoint_uri(job),
+        "REGATTA_RESUME_STEP": str(checkpoint.step) if checkpoint else "none",
+        "REGATTA_CONFIG": json.dumps(trainer_config(job), sort_keys=True),
+    }
+    placements = _placements(attempt)
+    request = LaunchRequest(
+        job_id=job.id, attempt_id=attempt.id, attempt_number=attempt.number,
+        name=f"job-{job.id}-a{attempt.number}", pool=ctx.pool_info, placements=placements,
+        nproc_per_node=job.gpus_per_node, image=job.image, command=tuple(job.entrypoint or ()),
+        env=env, checkpoint_uri=env["REGATTA_CHECKPOINT_URI"],
+    )
+    ref = ctx.provider.launch(request)
+    JobAttempt.objects.filter(pk=attempt.pk).update(
+        state=JobAttempt.State.STARTING, provider_ref=ref, started_at=ctx.now,
+        resumed_from=checkpoint, resume_step=checkpoint.step if checkpoint else None,
+    )
+    if by_person:
+        # restart_from_step is spec and stays; this note says it was honoured.
+        ctx.set_condition("RestartFromStep", generation=job.generation,
+                          step=job.restart_from_step, attempt=attempt.number)
+    ctx.clear_condition("RestartBackoff")
+    nodes = [p.node for p in placements]
+    job.transition(
+        Phase.STARTING, reason="Launched", attempt=attempt, now=ctx.now,
+        message=f"attempt {attempt.number} on {', '.join(nodes)}",
+        evidence={"attempt": attempt.number, "nodes": nodes,
+                  "resume_step": checkpoint.step if checkpoint else None},
+        pending_reason="",
+        started_at=job.started_at or ctx.now,
+    )
+    if checkpoint is not None:
+        _record_resume(ctx, attempt, checkpoint, by_person)
+
+
+def _record_resume(ctx: Ctx, attempt: JobAttempt, checkpoint, by_person: bool) -> None:
+    previous = (JobAttempt.objects.filter(job=ctx.job, number__lt=attempt.number)
+                .exclude(first_step_at=None).order_by("-number").first())
+    steps_lost = max(0, previous.last_step - checkpoint.step) if previous else 0
+    seconds_lost = 0.0
+    if previous is not None and previous.ended_at is not None:
+        since = max(checkpoint.created_at, previous.first_step_at)
+        seconds_lost = max(0.0, (previous.ended_at - since).total_seconds())
+    ctx.job.record(
+        "ResumedFromCheckpoint",
+        f"resuming from step {checkpoint.step}" + (" (asked by a person)" if by_person else ""),
+        attempt=attempt, now=ctx.now,
+        evidence={"step": checkpoint.step, "uri": checkpoint.uri, "steps_lost": steps_lost,
+                  "seconds_lost": round(seconds_lost, 3), "requested": by_person},
+    )

@@ -1,0 +1,184 @@
+"""Admission: which queued jobs may take nodes now, and why the others wait.
+
+Per cluster, jobs are considered by priority (high first) then submit time.
+A gang is admitted whole or not at all, never past its team's GPU quota or
+the healthy free nodes of its pool. The Cluster row and the teams' Quota rows
+are locked (`select_for_update`) for the whole pass, so two workers admitting
+at once queue on the lock instead of both spending the same GPUs; on SQLite
+the IMMEDIATE transaction mode serialises writers the same way.
+
+Blocking rules, so big gangs do not starve and one team cannot stall another:
+- a job that waits only for its own team's quota blocks nobody;
+- a job that waits for nodes blocks every lower job of the same pool.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from django.db import transaction
+from django.db.models import Count, F, Sum
+
+from clusters.models import Cluster, Node, NodePool
+from controlplane.lib.tasks import enqueue_on_commit
+
+from . import goodput
+from .models import AttemptNode, JobAttempt, Phase, Quota, TrainingJob
+
+
+@dataclass
+class AdmissionReport:
+    admitted: list[int] = field(default_factory=list)
+    waiting: dict[int, str] = field(default_factory=dict)
+
+
+def queue_order(qs):
+    return qs.order_by("-priority", "created_at", "id")
+
+
+def busy_node_ids(cluster_id: int) -> set[int]:
+    """Nodes that a live attempt occupies."""
+    return set(
+        AttemptNode.objects.filter(node__cluster_id=cluster_id)
+        .exclude(attempt__state__in=JobAttempt.ENDED)
+        .values_list("node_id", flat=True)
+    )
+
+
+def free_nodes_by_pool(cluster_id: int) -> dict[int, int]:
+    """Healthy working nodes per pool that no job holds or has been promised.
+
+    An admitted or restarting job without a live attempt has been promised
+    `num_nodes` nodes of its pool, so they count as taken."""
+    busy = busy_node_ids(cluster_id)
+    free: dict[int, int] = defaultdict(int)
+    for node_id, pool_id in Node.objects.filter(
+        cluster_id=cluster_id, state=Node.State.READY, is_spare=False
+    ).values_list("id", "pool_id"):
+        if node_id not in busy:
+            free[pool_id] += 1
+    live_jobs = set(
+        JobAttempt.objects.filter(job__cluster_id=cluster_id)
+        .exclude(state__in=JobAttempt.ENDED)
+        .values_list("job_id", flat=True)
+    )
+    for job_id, pool_id, nodes in TrainingJob.objects.filter(
+        cluster_id=cluster_id, phase__in=TrainingJob.HOLDS_GPUS
+    ).values_list("id", "pool_id", "num_nodes"):
+        if job_id not in live_jobs:
+            free[pool_id] -= nodes
+    return free
+
+
+def team_usage(cluster_id: int, team_ids) -> dict[int, dict]:
+    rows = (
+        TrainingJob.objects.filter(
+            cluster_id=cluster_id, team_id__in=team_ids, phase__in=TrainingJob.HOLDS_GPUS
+        )
+        .values("team_id")
+        .annotate(gpus=Sum(F("num_nodes") * F("gpus_per_node")), jobs=Count("id"))
+    )
+    usage = {tid: {"gpus": 0, "jobs": 0} for tid in team_ids}
+    for row in rows:
+        usage[row["team_id"]] = {"gpus": row["gpus"] or 0, "jobs": row["jobs"]}
+    return usage
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def admit(cluster_id: int, now) -> AdmissionReport:
+    """One admission pass over the cluster's queue; returns who got in."""
+    report = AdmissionReport()
+    with transaction.atomic():
+        cluster = Cluster.objects.select_for_update().filter(pk=cluster_id).first()
+        if cluster is None:
+            return report
+        queued = list(queue_order(TrainingJob.objects.filter(
+            cluster_id=cluster_id, phase=Phase.QUEUED, cancel_requested_at__isnull=True
+        )))
+        if not queued:
+            return report
+        team_ids = sorted({j.team_id for j in queued})
+        quotas = {
+            q.team_id: q
+            for q in Quota.objects.select_for_update()
+            .filter(cluster_id=cluster_id, team_id__in=team_ids)
+            .order_by("id")
+        }
+        usage = team_usage(cluster_id, team_ids)
+        pools = {p.id: p for p in NodePool.objects.filter(cluster_id=cluster_id).order_by("name")}
+        default_pool = next(iter(pools.values()), None)
+        free = free_nodes_by_pool(cluster_id)
+        blocked_by: dict[int, TrainingJob] = {}
+        position = 0
+        reasons: dict[int, str] = {}
+        for job in queued:
+            pool = pools.get(job.pool_id) or default_pool
+            reason = _why_not(cluster, job, pool, quotas, usage, free, blocked_by)
+            if reason is None:
+                _admit_one(job, pool, now)
+                usage[job.team_id]["gpus"] += job.gpus
+                usage[job.team_id]["jobs"] += 1
+                free[pool.id] -= job.num_nodes
+                report.admitted.append(job.id)
+                continue
+            position += 1
+            reasons[job.id] = f"{reason}; position {position} in queue"
+        _store_reasons(queued, reasons)
+        report.waiting = reasons
+    return report
+
+
+def _why_not(cluster, job, pool, quotas, usage, free, blocked_by) -> str | None:
+    if pool is None:
+        return f"cluster {cluster.name} has no node pool"
+    if job.gpus_per_node > pool.gpus_per_node:
+        return (f"needs {job.gpus_per_node} GPUs per node; pool {pool.name} nodes have "
+                f"{pool.gpus_per_node}")
+    quota = quotas.get(job.team_id)
+    if quota is None:
+        return f"no quota on cluster {cluster.name}"
+    used = usage[job.team_id]
+    quota_free = max(0, quota.gpus - used["gpus"])
+    if job.gpus > quota_free:
+        return f"needs {_plural(job.gpus, 'GPU')}; team quota has {quota_free} free"
+    if used["jobs"] >= quota.max_running_jobs:
+        return (f"team runs {used['jobs']} jobs on cluster {cluster.name}; "
+                f"quota allows {quota.max_running_jobs}")
+    blocker = blocked_by.get(pool.id)
+    if blocker is not None:
+        return f"waiting behind job #{blocker.id} ({blocker.name}) for pool {pool.name}"
+    available = max(0, free.get(pool.id, 0))
+    if job.num_nodes > available:
+        blocked_by[pool.id] = job
+        return (f"needs {_plural(job.num_nodes, 'node')}; "
+                f"{_plural(available, 'healthy node')} free in pool {pool.name}")
+    return None
+
+
+def _admit_one(job: TrainingJob, pool: NodePool, now) -> None:
+    waited_since = job.phase_changed_at
+    job.transition(
+        Phase.ADMITTED, reason="Admitted", now=now,
+        message=f"admitted on pool {pool.name}: {job.num_nodes} × {job.gpus_per_node} GPUs",
+        evidence={"pool": pool.name, "gpus": job.gpus, "nodes": job.num_nodes},
+        admitted_at=now, pending_reason="", pool=pool,
+    )
+    goodput.book_queueing(job, waited_since, now)
+    from . import tasks
+
+    enqueue_on_commit(tasks.reconcile_job, job.id)
+
+
+def _store_reasons(queued: list[TrainingJob], reasons: dict[int, str]) -> None:
+    changed = []
+    for job in queued:
+        reason = reasons.get(job.id)
+        if reason is not None and job.pending_reason != reason:
+            job.pending_reason = reason[:500]
+            changed.append(job)
+    if changed:
+        TrainingJob.objects.bulk_update(changed, ["pending_reason"], batch_size=500)

@@ -1,0 +1,156 @@
+"""Output serializers: what the API shows. Input is checked in validators.py."""
+
+from django.urls import reverse
+from rest_framework import serializers
+
+from .models import (
+    AttemptNode,
+    GoodputEntry,
+    JobAttempt,
+    JobEvent,
+    Quota,
+    RankStatus,
+    Team,
+    TrainingJob,
+)
+
+SPEC_FIELDS = (
+    "name", "image", "entrypoint", "num_nodes", "gpus_per_node", "strategy", "hyperparameters",
+    "checkpoint_policy", "checkpoint_every_steps", "keep_last", "restart_budgets", "priority",
+    "spot_allowed", "storage_uri", "cancel_requested_at", "restart_from_step", "generation",
+)
+STATUS_FIELDS = (
+    "phase", "pending_reason", "conditions", "current_step", "progress", "last_error",
+    "restart_counts", "checkpoint_interval_steps", "checkpoint_interval_inputs",
+    "observed_generation", "created_at", "admitted_at", "started_at", "finished_at",
+)
+
+
+class JobSerializer(serializers.ModelSerializer):
+    team = serializers.CharField(source="team.name", read_only=True)
+    cluster = serializers.CharField(source="cluster.name", read_only=True)
+    pool = serializers.CharField(source="pool.name", read_only=True, allow_null=True,
+                                 default=None)
+    created_by = serializers.CharField(source="created_by.username", read_only=True,
+                                       allow_null=True, default=None)
+    world_size = serializers.IntegerField(read_only=True)
+    url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = TrainingJob
+        fields = ("id", "url", "team", "cluster", "pool", "created_by", "world_size",
+                  *SPEC_FIELDS, *STATUS_FIELDS)
+        read_only_fields = fields
+
+    def get_url(self, job) -> str:
+        path = reverse("jobs:job-detail", args=[job.pk])
+        request = self.context.get("request")
+        return request.build_absolute_uri(path) if request else path
+
+
+class JobEventSerializer(serializers.ModelSerializer):
+    attempt = serializers.IntegerField(source="attempt_id", read_only=True, allow_null=True)
+
+    class Meta:
+        model = JobEvent
+        fields = ("id", "kind", "message", "actor", "evidence", "from_phase", "to_phase",
+                  "attempt", "created_at")
+        read_only_fields = fields
+
+
+class AttemptNodeSerializer(serializers.ModelSerializer):
+    node = serializers.CharField(source="node.name", read_only=True)
+    node_id = serializers.IntegerField(read_only=True)
+    node_state = serializers.CharField(source="node.state", read_only=True)
+
+    class Meta:
+        model = AttemptNode
+        fields = ("node_id", "node", "node_rank", "node_state")
+        read_only_fields = fields
+
+
+class RankStatusSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RankStatus
+        fields = ("rank", "node_name", "step", "samples_per_s", "tokens_per_s", "step_time_s",
+                  "gpu", "last_heartbeat_at")
+        read_only_fields = fields
+
+
+class AttemptSerializer(serializers.ModelSerializer):
+    nodes = AttemptNodeSerializer(source="placements", many=True, read_only=True)
+    ranks = RankStatusSerializer(many=True, read_only=True)
+    resumed_from_step = serializers.IntegerField(source="resume_step", read_only=True,
+                                                 allow_null=True)
+    resumed_from_checkpoint = serializers.IntegerField(source="resumed_from_id", read_only=True,
+                                                       allow_null=True)
+
+    class Meta:
+        model = JobAttempt
+        fields = ("id", "number", "state", "nodes", "ranks", "resumed_from_step",
+                  "resumed_from_checkpoint", "preflight", "created_at", "started_at",
+                  "first_step_at", "ended_at", "exit_code", "failure_class", "failure_reason",
+                  "last_heartbeat_at", "last_step", "checkpoint_request_id",
+                  "checkpoint_requested_at", "stop_requested_at")
+        read_only_fields = fields
+
+
+class UsageSerializer(serializers.Serializer):
+    gpus_used = serializers.IntegerField()
+    gpus_limit = serializers.IntegerField()
+    gpus_free = serializers.IntegerField()
+    running_jobs = serializers.IntegerField()
+    running_jobs_limit = serializers.IntegerField()
+
+
+class QuotaSerializer(serializers.ModelSerializer):
+    team = serializers.CharField(source="team.name", read_only=True)
+    cluster = serializers.CharField(source="cluster.name", read_only=True)
+    usage = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Quota
+        fields = ("id", "team", "cluster", "gpus", "max_running_jobs", "priority_weight",
+                  "can_borrow", "usage")
+        read_only_fields = fields
+
+    def get_usage(self, quota) -> UsageSerializer:
+        return quota.usage()
+
+
+class TeamSerializer(serializers.ModelSerializer):
+    quotas = QuotaSerializer(many=True, read_only=True)
+    members = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Team
+        fields = ("id", "name", "display_name", "members", "quotas", "created_at")
+        read_only_fields = fields
+
+    def get_members(self, team) -> list[str]:
+        return sorted(u.username for u in team.members.all())
+
+
+class GoodputLineSerializer(serializers.Serializer):
+    seconds = serializers.FloatField()
+    gpu_seconds = serializers.FloatField()
+
+
+def goodput_totals(entries) -> dict:
+    """Sum a GoodputEntry queryset per category; every category appears."""
+    from django.db.models import Sum
+
+    totals = {c: {"seconds": 0.0, "gpu_seconds": 0.0} for c in GoodputEntry.Category.values}
+    rows = entries.values("category").annotate(s=Sum("seconds"), g=Sum("gpu_seconds"))
+    for row in rows:
+        totals[row["category"]] = {"seconds": row["s"] or 0.0, "gpu_seconds": row["g"] or 0.0}
+    total_gpu = sum(v["gpu_seconds"] for v in totals.values())
+    productive = totals[GoodputEntry.Category.PRODUCTIVE]["gpu_seconds"]
+    return {
+        "categories": totals,
+        "total": {
+            "seconds": sum(v["seconds"] for v in totals.values()),
+            "gpu_seconds": total_gpu,
+        },
+        "goodput_ratio": (productive / total_gpu) if total_gpu else None,
+    }

@@ -1,0 +1,1 @@
+"""The jobs API: one endpoint class or a small group per module."""

@@ -1,0 +1,35 @@
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from ..models import GoodputEntry
+from ..permissions import IsPerson, visible_teams
+from ..serializers import goodput_totals
+from .base import JobScopedMixin
+
+GoodputReport = inline_serializer("GoodputReport", {
+    "categories": serializers.DictField(child=serializers.DictField()),
+    "total": serializers.DictField(),
+    "goodput_ratio": serializers.FloatField(allow_null=True),
+})
+
+
+class JobGoodputView(JobScopedMixin, APIView):
+    """Where the job's GPU time went, summed per ledger category."""
+
+    @extend_schema(responses=GoodputReport)
+    def get(self, request, pk):
+        job = self.get_job()
+        return Response({"job": job.pk, **goodput_totals(GoodputEntry.objects.filter(job=job))})
+
+
+class TeamGoodputView(APIView):
+    permission_classes = [IsPerson]
+
+    @extend_schema(responses=GoodputReport)
+    def get(self, request, name):
+        team = get_object_or_404(visible_teams(request.user), name=name)
+        entries = GoodputEntry.objects.filter(job__team=team)
+        return Response({"team": team.name, **goodput_totals(entries)})

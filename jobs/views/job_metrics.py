@@ -1,0 +1,44 @@
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from ..models import MetricPoint
+from ..series import DEFAULT_POINTS, MAX_POINTS, series
+from ..validators import StrictCharField
+from .base import JobScopedMixin
+
+
+class SeriesQuery(serializers.Serializer):
+    name = StrictCharField(max_length=64)
+    points = serializers.IntegerField(min_value=2, max_value=MAX_POINTS, default=DEFAULT_POINTS)
+
+
+class JobMetricsView(JobScopedMixin, APIView):
+    """One metric as [[step, value], ...], downsampled (LTTB) to `points`."""
+
+    @extend_schema(
+        parameters=[OpenApiParameter("name", str, required=True),
+                    OpenApiParameter("points", int, description=f"at most {MAX_POINTS}")],
+        responses=inline_serializer("MetricSeries", {
+            "name": serializers.CharField(), "total": serializers.IntegerField(),
+            "points": serializers.ListField(child=serializers.ListField())}),
+    )
+    def get(self, request, pk):
+        job = self.get_job()
+        query = SeriesQuery(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        return Response(series(job.pk, query.validated_data["name"],
+                               query.validated_data["points"]))
+
+
+class JobMetricNamesView(JobScopedMixin, APIView):
+    @extend_schema(responses=inline_serializer("MetricNames", {
+        "names": serializers.ListField(child=serializers.CharField())}))
+    def get(self, request, pk):
+        job = self.get_job()
+        names = (
+            MetricPoint.objects.filter(job=job).order_by("name")
+            .values_list("name", flat=True).distinct()
+        )
+        return Response({"names": list(names)})
