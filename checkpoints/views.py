@@ -1,0 +1,55 @@
+"""Checkpoints and exported models, scoped like their jobs."""
+
+import django_filters
+from rest_framework import generics
+
+from jobs.permissions import IsPerson, visible_jobs
+from jobs.views.base import JobScopedMixin
+
+from .models import Checkpoint, ModelArtifact
+from .serializers import CheckpointSerializer, ModelArtifactSerializer
+
+
+class JobCheckpointListView(JobScopedMixin, generics.ListAPIView):
+    """The job's checkpoints, newest step first."""
+
+    serializer_class = CheckpointSerializer
+
+    def get_queryset(self):
+        return Checkpoint.objects.filter(job=self.get_job()).order_by("-step")
+
+
+class CheckpointDetailView(generics.RetrieveAPIView):
+    permission_classes = [IsPerson]
+    serializer_class = CheckpointSerializer
+
+    def get_queryset(self):
+        return Checkpoint.objects.filter(job__in=visible_jobs(self.request.user).values("pk"))
+
+
+class ArtifactFilter(django_filters.FilterSet):
+    job = django_filters.NumberFilter(field_name="job_id")
+    name = django_filters.CharFilter()
+
+    class Meta:
+        model = ModelArtifact
+        fields = ["job", "name"]
+
+
+class ArtifactListView(generics.ListAPIView):
+    permission_classes = [IsPerson]
+    serializer_class = ModelArtifactSerializer
+    filterset_class = ArtifactFilter
+
+    def get_queryset(self):
+        return ModelArtifact.objects.filter(
+            job__in=visible_jobs(self.request.user).values("pk")
+        ).order_by("-created_at", "-id")
+
+
+class ArtifactDetailView(generics.RetrieveAPIView):
+    permission_classes = [IsPerson]
+    serializer_class = ModelArtifactSerializer
+
+    def get_queryset(self):
+        return ModelArtifact.objects.filter(job__in=visible_jobs(self.request.user).values("pk"))
