@@ -1,0 +1,1 @@
+"""Regatta trainer: one process per rank under torchrun."""

@@ -1,0 +1,198 @@
+"""The trainer's hyperparameters: one dataclass, each field documented.
+
+`TrainerConfig.from_dict` is the only way a config comes in (from
+`REGATTA_CONFIG` or `--config-json`); it rejects unknown keys and impossible
+combinations with a `ConfigError` that names them, so a bad job fails before
+any rank touches a GPU (exit code 85).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+VOCAB_SIZE = 256  # byte-level tokens: no tokenizer to ship or download
+
+# Parameter counts are for vocab 256 (untied embeddings, so they are small).
+MODEL_PRESETS: dict[str, dict[str, int]] = {
+    "nano": {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64},  # ~0.1M, unit tests
+    "tiny": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 128},  # ~0.9M
+    "small": {"n_layer": 10, "n_head": 16, "n_embd": 1024, "block_size": 1024},  # ~127M
+    "medium": {"n_layer": 28, "n_head": 16, "n_embd": 1024, "block_size": 1024},  # ~354M
+}
+
+STRATEGIES = ("ddp", "fsdp")
+DTYPES = ("auto", "bf16", "fp32")
+DATASETS = ("builtin",)
+
+
+class ConfigError(ValueError):
+    """The config cannot be run; the message names the offending keys."""
+
+
+def _f(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    # Model
+    model: str = _f("tiny", f"size preset: one of {', '.join(MODEL_PRESETS)}")
+    n_layer: int | None = _f(None, "transformer blocks; overrides the preset")
+    n_head: int | None = _f(None, "attention heads; must divide n_embd; overrides the preset")
+    n_embd: int | None = _f(None, "embedding width; overrides the preset")
+    block_size: int | None = _f(None, "context length in bytes; overrides the preset")
+    vocab_size: int = _f(VOCAB_SIZE, "byte-level vocabulary; must be 256")
+    dropout: float = _f(0.0, "dropout probability in attention and MLP outputs")
+    # Optimisation
+    batch_size: int = _f(8, "sequences per micro-batch, per rank")
+    grad_accum_steps: int = _f(1, "micro-batches accumulated per optimizer step")
+    lr: float = _f(3e-4, "peak learning rate (AdamW)")
+    min_lr_ratio: float = _f(0.1, "cosine decay floor, as a fraction of lr")
+    warmup_steps: int = _f(10, "linear warm-up steps; must be below max_steps")
+    max_steps: int = _f(100, "optimizer steps in the whole run")
+    weight_decay: float = _f(0.1, "AdamW weight decay on matrices (not on norms/biases)")
+    grad_clip: float = _f(1.0, "clip the global grad norm to this; 0 disables clipping")
+    seed: int = _f(1337, "base seed; rank r seeds its RNGs with seed + r")
+    # Parallelism and numerics
+    strategy: str = _f("ddp", "ddp (replicate) or fsdp (torch fully_shard, per block)")
+    compile: bool = _f(False, "wrap the model in torch.compile")
+    dtype: str = _f(
+        "auto", "auto (bf16 autocast on CUDA, fp32 on CPU), bf16 (autocast anywhere) or fp32"
+    )
+    collective_timeout_s: float = _f(
+        600.0, "collective timeout after the first step (start-up uses startup_timeout_s)"
+    )
+    startup_timeout_s: float = _f(1800.0, "rendezvous and first-step collective timeout")
+    # Checkpoints
+    checkpoint_every_steps: int = _f(0, "periodic checkpoint interval; 0 = only the final one")
+    keep_last: int = _f(3, "committed checkpoints kept by rank 0 (the newest is never deleted)")
+    async_checkpoint: bool = _f(
+        True, "periodic saves with dcp.async_save (emergency and final saves are sync)"
+    )
+    # Evaluation and logging
+    val_every_steps: int = _f(0, "validation loss every N steps; 0 = never")
+    val_batches: int = _f(4, "held-out micro-batches per rank per validation")
+    log_every_steps: int = _f(10, "log line and metric points every N steps")
+    heartbeat_interval_s: float = _f(5.0, "seconds between heartbeats (every rank)")
+    data: str = _f("builtin", "dataset: builtin (Shakespeare bytes shipped in the package)")
+    # Test knobs
+    step_sleep_s: float = _f(0.0, "test only: sleep this long in every step")
+    fail_at_step: int = _f(0, "test only: raise a user-code error at this step; 0 = never")
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> TrainerConfig:
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config must be a JSON object, got {type(raw).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ConfigError(f"unknown config keys: {', '.join(unknown)}")
+        kwargs = {}
+        for f in dataclasses.fields(cls):
+            if f.name in raw:
+                kwargs[f.name] = _coerce(f.name, f.type, raw[f.name])
+        cfg = cls(**kwargs)
+        cfg.validate()
+        return cfg
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainerConfig:
+        try:
+            raw = json.loads(text) if text.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"config is not valid JSON: {exc}") from None
+        return cls.from_dict(raw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def arch(self) -> dict[str, int]:
+        """The model shape: the preset with any explicit overrides applied."""
+        shape = dict(MODEL_PRESETS[self.model])
+        for key in ("n_layer", "n_head", "n_embd", "block_size"):
+            if getattr(self, key) is not None:
+                shape[key] = getattr(self, key)
+        return shape
+
+    def validate(self) -> None:
+        problems = []
+        if self.model not in MODEL_PRESETS:
+            problems.append(f"model={self.model!r} is not one of {sorted(MODEL_PRESETS)}")
+        if self.strategy not in STRATEGIES:
+            problems.append(f"strategy={self.strategy!r} is not one of {list(STRATEGIES)}")
+        if self.dtype not in DTYPES:
+            problems.append(f"dtype={self.dtype!r} is not one of {list(DTYPES)}")
+        if self.data not in DATASETS:
+            problems.append(f"data={self.data!r} is not one of {list(DATASETS)}")
+        if self.vocab_size != VOCAB_SIZE:
+            problems.append(f"vocab_size={self.vocab_size} but tokens are bytes (256)")
+        positive = ("batch_size", "grad_accum_steps", "max_steps", "keep_last", "log_every_steps")
+        for key in positive:
+            if getattr(self, key) < 1:
+                problems.append(f"{key}={getattr(self, key)} must be at least 1")
+        non_negative = (
+            "warmup_steps", "checkpoint_every_steps", "val_every_steps", "val_batches",
+            "weight_decay", "grad_clip", "step_sleep_s", "fail_at_step", "seed",
+        )
+        for key in non_negative:
+            if getattr(self, key) < 0:
+                problems.append(f"{key}={getattr(self, key)} must not be negative")
+        if not self.lr > 0:
+            problems.append(f"lr={self.lr} must be positive")
+        if not 0 <= self.min_lr_ratio <= 1:
+            problems.append(f"min_lr_ratio={self.min_lr_ratio} must be within [0, 1]")
+        if not 0 <= self.dropout < 1:
+            problems.append(f"dropout={self.dropout} must be within [0, 1)")
+        if self.heartbeat_interval_s <= 0:
+            problems.append(f"heartbeat_interval_s={self.heartbeat_interval_s} must be positive")
+        if self.collective_timeout_s <= 0 or self.startup_timeout_s <= 0:
+            problems.append("collective_timeout_s and startup_timeout_s must be positive")
+        if self.max_steps >= 1 and self.warmup_steps >= self.max_steps:
+            problems.append(
+                f"warmup_steps={self.warmup_steps} must be below max_steps={self.max_steps}"
+            )
+        if self.val_every_steps > 0 and self.val_batches < 1:
+            problems.append(
+                f"val_every_steps={self.val_every_steps} needs val_batches >= 1"
+            )
+        if self.model in MODEL_PRESETS:
+            shape = self.arch()
+            for key, value in shape.items():
+                if value < 1:
+                    problems.append(f"{key}={value} must be at least 1")
+            if shape["n_head"] >= 1 and shape["n_embd"] % shape["n_head"]:
+                problems.append(
+                    f"n_embd={shape['n_embd']} is not divisible by n_head={shape['n_head']}"
+                )
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+
+def _coerce(name: str, annotation: Any, value: Any) -> Any:
+    """Check a JSON value against the field's type (ints are accepted for floats)."""
+    text = str(annotation)
+    ok: bool
+    if text.startswith("int"):
+        ok = (value is None and "None" in text) or (
+            isinstance(value, int) and not isinstance(value, bool)
+        )
+    elif text == "float":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif text == "bool":
+        ok = isinstance(value, bool)
+    elif text == "str":
+        ok = isinstance(value, str)
+    else:
+        ok = True
+    if not ok:
+        raise ConfigError(f"{name}={value!r} has the wrong type (expected {text})")
+    return value
+
+
+def describe_fields() -> list[tuple[str, str, Any]]:
+    """(name, help, default) for every field: used to render docs/trainer.md."""
+    return [(f.name, f.metadata["help"], f.default) for f in dataclasses.fields(TrainerConfig)]

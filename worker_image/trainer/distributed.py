@@ -1,0 +1,117 @@
+"""Process-group set-up from torchrun's environment, and failure classes."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+EXIT_OK = 0
+EXIT_CODE_ERROR = 1
+EXIT_PREEMPTED = 83
+EXIT_COLLECTIVE = 84
+EXIT_CONFIG = 85
+
+FAILURE_CLASS = {
+    EXIT_OK: None,
+    EXIT_CODE_ERROR: "code",
+    EXIT_PREEMPTED: "preempted",
+    EXIT_COLLECTIVE: "transient",
+    EXIT_CONFIG: "code",
+}
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+    ckpt_group: object  # a gloo group of its own, so async saves never share a queue with training
+
+
+def env_rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def init(startup_timeout_s: float) -> Dist:
+    """env:// initialisation: NCCL with CUDA, gloo without.
+
+    NCCL_* variables are left exactly as the launcher set them; the generous
+    start-up timeout covers slow rendezvous and first-step compilation and is
+    tightened by `tighten_timeout` once a step has gone through.
+    """
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        os.environ["MASTER_PORT"] = str(_free_port())
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device, backend = torch.device("cuda", local_rank), "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    timeout = timedelta(seconds=startup_timeout_s)
+    kwargs = {"device_id": device} if backend == "nccl" else {}
+    dist.init_process_group(backend=backend, init_method="env://", timeout=timeout, **kwargs)
+    ckpt_group = dist.new_group(backend="gloo", timeout=timeout)
+    return Dist(
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        local_rank=local_rank,
+        device=device,
+        backend=backend,
+        ckpt_group=ckpt_group,
+    )
+
+
+def tighten_timeout(seconds: float) -> None:
+    # A private helper (torch >= 2.3); without it the start-up timeout stays.
+    setter = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+    if setter is not None:
+        setter(timedelta(seconds=seconds))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_COLLECTIVE_TYPES = tuple(
+    t for t in (
+        getattr(dist, "DistBackendError", None),
+        getattr(dist, "DistNetworkError", None),
+        getattr(dist, "DistStoreError", None),
+    ) if t is not None
+)
+_COLLECTIVE_MESSAGES = (
+    "connection reset", "connection closed", "connection refused", "broken pipe",
+    "timed out", "timeout", "gloo", "nccl", "socket", "rendezvous", "peer",
+)
+
+
+def classify(exc: BaseException) -> int:
+    """Exit code for an exception raised while training (84 or 1)."""
+    chain = []
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    for e in chain:
+        if isinstance(e, _COLLECTIVE_TYPES) or isinstance(e, TimeoutError):
+            return EXIT_COLLECTIVE
+        # Gloo reports a lost peer as a plain RuntimeError from a collective.
+        if type(e) is RuntimeError and any(m in str(e).lower() for m in _COLLECTIVE_MESSAGES):
+            return EXIT_COLLECTIVE
+        if isinstance(e, ConnectionError):
+            return EXIT_COLLECTIVE
+    return EXIT_CODE_ERROR
