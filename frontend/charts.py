@@ -1,0 +1,57 @@
+"""The job page's chart data: downsampled series plus the marks drawn on them.
+
+Series are downsampled on the server (LTTB, in jobs.series, the same code the
+API's metrics endpoint uses), so a job with a million points sends the
+browser a few hundred per series.
+"""
+
+from checkpoints.models import Checkpoint
+from jobs import series
+from jobs.models import MetricPoint, TrainingJob
+
+POINTS = 600
+# The trainer reports throughput under one of these names; the first present wins.
+THROUGHPUT_NAMES = ("tokens_per_s", "samples_per_s")
+MAX_CHECKPOINT_MARKS = 200
+
+
+def _series(job: TrainingJob, name: str, points: int) -> dict:
+    data = series.series(job.pk, name, points)
+    return {
+        "name": name, "total": data["total"],
+        "x": [p[0] for p in data["points"]], "y": [p[1] for p in data["points"]],
+    }
+
+
+def throughput_name(job: TrainingJob) -> str:
+    # One indexed existence probe per candidate: a DISTINCT over a million
+    # points would cost more than the chart itself.
+    for name in THROUGHPUT_NAMES:
+        if MetricPoint.objects.filter(job=job, name=name).exists():
+            return name
+    return THROUGHPUT_NAMES[0]
+
+
+def restart_marks(job: TrainingJob) -> list[dict]:
+    """Where each attempt after the first resumed: the step it started from."""
+    rows = job.attempts.filter(number__gt=1).values_list("number", "resume_step")
+    return [{"attempt": n, "step": step or 0} for n, step in rows]
+
+
+def checkpoint_marks(job: TrainingJob) -> list[dict]:
+    rows = (
+        job.checkpoints.exclude(state=Checkpoint.State.DELETED)
+        .order_by("-step").values_list("step", "state", "emergency")[:MAX_CHECKPOINT_MARKS]
+    )
+    return [{"step": s, "state": st, "emergency": em} for s, st, em in rows]
+
+
+def chart_data(job: TrainingJob, points: int = POINTS) -> dict:
+    throughput = throughput_name(job)
+    return {
+        "loss": _series(job, "loss", points),
+        "val_loss": _series(job, "val_loss", points),
+        "throughput": _series(job, throughput, points),
+        "restarts": restart_marks(job),
+        "checkpoints": checkpoint_marks(job),
+    }

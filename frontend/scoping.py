@@ -1,0 +1,30 @@
+"""Who may see and act on what: the API's rules (jobs.permissions), plus the
+404-not-403 lookups the pages need."""
+
+from django.http import Http404
+
+from jobs.models import Team, TrainingJob
+from jobs.permissions import actor_for, is_operator, visible_jobs, visible_teams
+
+__all__ = ["actor_for", "is_operator", "visible_jobs", "visible_teams", "job_for", "team_for",
+           "can_act_on_job"]
+
+
+def job_for(user, pk: int) -> TrainingJob:
+    """Another team's job is simply not found, so its existence does not leak."""
+    job = visible_jobs(user).filter(pk=pk).first()
+    if job is None:
+        raise Http404("No such job.")
+    return job
+
+
+def team_for(user, name: str) -> Team:
+    team = visible_teams(user).filter(name=name).first()
+    if team is None:
+        raise Http404("No such team.")
+    return team
+
+
+def can_act_on_job(user, job: TrainingJob) -> bool:
+    """Owner, teammate or operator: the job's team members and staff."""
+    return is_operator(user) or job.team.members.filter(pk=user.pk).exists()

@@ -1,0 +1,122 @@
+// The job page's charts: loss and validation loss, and throughput.
+// The series arrive with the page's first live fetch (right after load) and
+// are redrawn with Plotly.react on every update, so zoom stays put and nothing
+// flickers.
+(function () {
+  const root = document.getElementById("job-page");
+  if (!root || typeof Plotly === "undefined") return;
+
+  const C = {
+    loss: "#3fb6ff", val: "#d2a8ff", tput: "#3fb950", grid: "#243140", text: "#c9d4df",
+    restart: "#f85149", ckpt: "#56d364", ckptEmergency: "#d29922",
+  };
+  const CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
+
+  function baseLayout(ytitle) {
+    return {
+      paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
+      font: { color: C.text, size: 11, family: "system-ui, sans-serif" },
+      margin: { l: 56, r: 16, t: 8, b: 40 },
+      xaxis: { title: { text: "step" }, gridcolor: C.grid, zeroline: false },
+      yaxis: { title: { text: ytitle }, gridcolor: C.grid, zeroline: false },
+      legend: { orientation: "h", x: 0, y: 1.14 },
+      uirevision: "keep", // keeps the user's zoom across redraws
+      shapes: [], annotations: [],
+    };
+  }
+
+  function marks(data, layout) {
+    for (const c of data.checkpoints || []) {
+      layout.shapes.push({
+        type: "line", x0: c.step, x1: c.step, yref: "paper", y0: 0, y1: 1, layer: "below",
+        line: { color: c.emergency ? C.ckptEmergency : C.ckpt, width: 1.2, dash: "dot" }, opacity: 0.7,
+      });
+    }
+    for (const r of data.restarts || []) {
+      layout.shapes.push({
+        type: "line", x0: r.step, x1: r.step, yref: "paper", y0: 0, y1: 1,
+        line: { color: C.restart, width: 2, dash: "dash" },
+      });
+      layout.annotations.push({
+        x: r.step, yref: "paper", y: 1, yanchor: "bottom", text: "attempt " + r.attempt,
+        showarrow: false, font: { color: C.restart, size: 10 },
+      });
+    }
+  }
+
+  // Legend entries for the marks, which are shapes and have none of their own.
+  function markLegend(data) {
+    const out = [];
+    if ((data.checkpoints || []).length) {
+      out.push({ x: [null], y: [null], mode: "lines", name: "checkpoint", line: { color: C.ckpt, dash: "dot" } });
+    }
+    if ((data.restarts || []).length) {
+      out.push({ x: [null], y: [null], mode: "lines", name: "restart", line: { color: C.restart, dash: "dash" } });
+    }
+    return out;
+  }
+
+  function line(series, name, color) {
+    return { x: series.x, y: series.y, name: name, type: "scatter", mode: "lines", line: { color: color, width: 1.6 } };
+  }
+
+  function emptyNote(layout, series) {
+    if (series.every((s) => !s.x.length)) {
+      layout.annotations.push({ text: "no points yet", xref: "paper", yref: "paper", x: 0.5, y: 0.5, showarrow: false, font: { color: "#8b98a5", size: 13 } });
+    }
+  }
+
+  function drawLoss(data) {
+    const layout = baseLayout("loss");
+    marks(data, layout);
+    emptyNote(layout, [data.loss, data.val_loss]);
+    const traces = [line(data.loss, "loss", C.loss)];
+    if (data.val_loss.x.length) {
+      const v = line(data.val_loss, "validation loss", C.val);
+      v.mode = "lines+markers";
+      v.marker = { size: 5 };
+      traces.push(v);
+    }
+    Plotly.react("chart-loss", traces.concat(markLegend(data)), layout, CONFIG);
+  }
+
+  function drawThroughput(data) {
+    const t = data.throughput;
+    const label = t.name === "samples_per_s" ? "samples/s" : "tokens/s";
+    const layout = baseLayout(label);
+    marks(data, layout);
+    emptyNote(layout, [t]);
+    Plotly.react("chart-throughput", [line(t, label, C.tput)].concat(markLegend(data)), layout, CONFIG);
+  }
+
+  function draw(charts) {
+    drawLoss(charts);
+    drawThroughput(charts);
+  }
+
+  function clearLoading() {
+    document.querySelectorAll(".chart .loading").forEach((el) => el.remove());
+  }
+
+  // Reading a long series costs the server about a second per million points,
+  // so a long job's charts are refreshed every few polls, not on every one.
+  const HEAVY_POINTS = 100000;
+  const HEAVY_EVERY = 4;
+  let polls = 0;
+  let heavy = false;
+  let finalDrawn = false;
+
+  document.addEventListener("regatta:live", function (ev) {
+    const d = ev.detail;
+    polls += 1;
+    if (d.charts) {
+      clearLoading();
+      draw(d.charts);
+      heavy = d.charts.loss.total > HEAVY_POINTS;
+    }
+    // A finished job's series no longer change: one last draw, then stop asking.
+    if (d.terminal && d.charts) finalDrawn = true;
+    const want = d.terminal ? !finalDrawn : !heavy || polls % HEAVY_EVERY === 0;
+    root.dataset.liveParams = want ? "" : "charts=0";
+  });
+})();

@@ -1,0 +1,84 @@
+"""Cancel, checkpoint now, restart from a step: the same model methods the
+API's job actions call, behind CSRF-protected form posts."""
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404
+from django.shortcuts import redirect
+from django.views.decorators.http import require_POST
+
+from controlplane.lib.errors import IllegalTransition
+from controlplane.lib.tasks import enqueue_on_commit
+from frontend import scoping
+from jobs import tasks
+from jobs.validators import RestartValidator
+
+
+def _job_to_act_on(request, pk):
+    job = scoping.job_for(request.user, pk)
+    if not scoping.can_act_on_job(request.user, job):
+        raise Http404("No such job.")
+    return job
+
+
+def _back(job):
+    return redirect("frontend:job", job.pk)
+
+
+@login_required
+@require_POST
+def cancel(request, pk: int):
+    job = _job_to_act_on(request, pk)
+    try:
+        if job.request_cancel(scoping.actor_for(request.user)):
+            enqueue_on_commit(tasks.reconcile_job, job.pk)
+            messages.success(request, f"Cancel requested for {job.name}.")
+        else:
+            messages.info(request, f"{job.name} is already being cancelled.")
+    except IllegalTransition:
+        messages.error(request, f"{job.name} already ended ({job.phase}); nothing to cancel.")
+    return _back(job)
+
+
+@login_required
+@require_POST
+def checkpoint(request, pk: int):
+    job = _job_to_act_on(request, pk)
+    attempt = job.running_attempt()
+    if attempt is None:
+        messages.error(request, f"{job.name} has no running attempt to checkpoint.")
+        return _back(job)
+    try:
+        attempt.request_checkpoint(scoping.actor_for(request.user))
+    except IllegalTransition:
+        messages.error(request, f"Attempt {attempt.number} stopped running; nothing to checkpoint.")
+    else:
+        messages.success(request, "Checkpoint requested; the trainer takes it at the next step.")
+    return _back(job)
+
+
+@login_required
+@require_POST
+def restart(request, pk: int):
+    job = _job_to_act_on(request, pk)
+    if job.is_terminal:
+        messages.error(request, f"{job.name} has ended ({job.phase}); submit a new job instead.")
+        return _back(job)
+    raw = request.POST.get("from_step", "")
+    # A form posts text; the API's validator wants the JSON number it would get.
+    body = RestartValidator(
+        data={"from_step": int(raw) if raw.isdigit() else raw}, context={"job": job}
+    )
+    if not body.is_valid():
+        for field, errors in body.errors.items():
+            messages.error(request, f"{field}: {' '.join(str(e) for e in errors)}")
+        return _back(job)
+    step = body.validated_data["from_step"]
+    try:
+        job.request_restart(step, scoping.actor_for(request.user))
+    except IllegalTransition:
+        messages.error(request, f"{job.name} is ending; it cannot restart.")
+        return _back(job)
+    enqueue_on_commit(tasks.reconcile_job, job.pk)
+    messages.success(request, f"Restart from step {step} requested.")
+    return _back(job)
