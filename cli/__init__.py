@@ -1,0 +1,1 @@
+"""`regatta`: the command line for teams (submit, list, watch, cancel)."""

@@ -1,0 +1,261 @@
+"""The `regatta` command: submit and follow training jobs from a terminal.
+
+Exit codes: 0 success; 1 the API refused (its status and messages are shown)
+or could not be reached; 2 bad usage; `watch` adds 1 for a failed job and 3
+for a cancelled one.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+import click
+import yaml
+
+from . import output
+from .client import ApiError, Client, CliError, config_path, load_config, save_config
+from .watch import watch_job
+
+EXIT_ERROR = 1
+
+
+class State:
+    def __init__(self, config: str | None, as_json: bool):
+        self.config_file = config_path(config)
+        self.as_json = as_json
+        self._client = None
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            self._client = Client(load_config(self.config_file))
+        return self._client
+
+
+def json_flag(fn):
+    """`--json` on each command as well as before it: both spellings work."""
+
+    @click.option("--json", "as_json", is_flag=True, default=False,
+                  help="Print JSON for scripts instead of a table.")
+    @click.pass_obj
+    @functools.wraps(fn)
+    def wrapper(state: State, *args, as_json: bool, **kwargs):
+        state.as_json = state.as_json or as_json
+        try:
+            return fn(state, *args, **kwargs)
+        except ApiError as exc:
+            output.api_error(exc, state.as_json)
+            sys.exit(EXIT_ERROR)
+        except CliError as exc:
+            click.secho(f"Error: {exc}", fg="red", err=True)
+            sys.exit(EXIT_ERROR)
+
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config", envvar="REGATTA_CONFIG_FILE", type=click.Path(dir_okay=False),
+              help="Config file (default ~/.config/regatta/config.json).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@click.pass_context
+def cli(ctx, config, as_json):
+    """Regatta: submit distributed training jobs and follow them."""
+    ctx.obj = State(config, as_json)
+
+
+@cli.command()
+@click.option("--url", required=True, help="The control plane, e.g. http://127.0.0.1:8000")
+@click.option("--token", required=True, help="An API token (rgt_…) from the console or API.")
+@json_flag
+def login(state: State, url: str, token: str):
+    """Check a token against the server and store it."""
+    from .client import Config
+
+    me = Client(Config(url=url.rstrip("/"), token=token)).get("me/")
+    save_config(state.config_file, url, token)
+    if state.as_json:
+        output.emit_json({"config": str(state.config_file), "me": me})
+        return
+    teams = ", ".join(me.get("teams") or []) or "no team"
+    role = " (operator)" if me.get("is_operator") else ""
+    click.echo(f"Logged in to {url} as {me.get('username')}{role}; teams: {teams}.")
+    click.echo(f"Saved to {state.config_file}")
+
+
+def read_spec(path: Path) -> dict:
+    try:
+        spec = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise CliError(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(spec, dict):
+        raise CliError(f"{path} must hold a mapping of job fields (name, cluster, num_nodes, …)")
+    return spec
+
+
+@cli.command()
+@click.argument("spec_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@json_flag
+def submit(state: State, spec_file: Path):
+    """Submit the job described in SPEC_FILE (YAML, the flat job spec)."""
+    job = state.client.post("jobs/", read_spec(spec_file))
+    if state.as_json:
+        output.emit_json(job)
+        return
+    click.echo(f"Submitted job {job['id']} {job['name']} ({job['phase']}) "
+               f"to {job['cluster']}: {job['num_nodes']}x{job['gpus_per_node']} GPUs")
+
+
+JOB_HEADERS = ["ID", "NAME", "TEAM", "CLUSTER", "PHASE", "STEP", "GPUS", "AGE", "REASON"]
+
+
+def _job_row(job: dict) -> list:
+    reason = job.get("pending_reason") or (job.get("last_error") if job["phase"] == "failed"
+                                           else "")
+    return [job["id"], job["name"], job["team"], job["cluster"], job["phase"],
+            job.get("current_step", 0), job.get("world_size"), output.age(job.get("created_at")),
+            output.truncate(reason, 60)]
+
+
+@cli.command(name="list")
+@click.option("--team", help="Only this team's jobs.")
+@click.option("--phase", type=click.Choice(["pending", "queued", "admitted", "starting",
+                                            "running", "restarting", "succeeded", "failed",
+                                            "cancelled"]))
+@click.option("--cluster", help="Only jobs on this cluster.")
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@click.option("--offset", type=click.IntRange(0), default=0)
+@json_flag
+def list_jobs(state: State, team, phase, cluster, limit, offset):
+    """List jobs you can see, newest first."""
+    page = state.client.get("jobs/", team=team, phase=phase, cluster=cluster, limit=limit,
+                            offset=offset)
+    if state.as_json:
+        output.emit_json(page)
+        return
+    output.table([_job_row(j) for j in page["results"]], JOB_HEADERS)
+    shown = len(page["results"])
+    if page["count"] > offset + shown:
+        click.echo(f"({shown} of {page['count']}; --offset {offset + shown} for more)")
+
+
+@cli.command()
+@click.argument("job_id", type=int)
+@json_flag
+def show(state: State, job_id: int):
+    """Show one job's spec and status."""
+    job = state.client.get(f"jobs/{job_id}/")
+    if state.as_json:
+        output.emit_json(job)
+        return
+    progress = job.get("progress") or {}
+    hp = job.get("hyperparameters") or {}
+    step = f"{job.get('current_step', 0)}" + (f" / {hp['max_steps']}" if "max_steps" in hp else "")
+    interval = job.get("checkpoint_interval_steps") or job.get("checkpoint_every_steps")
+    lines = [
+        ("Job", f"{job['id']} {job['name']}"),
+        ("Team", job["team"]),
+        ("Phase", job["phase"]),
+        ("Waiting", job.get("pending_reason")),
+        ("Last error", job.get("last_error")),
+        ("Placement", f"{job['num_nodes']} node(s) x {job['gpus_per_node']} GPU on "
+                      f"{job['cluster']}/{job.get('pool') or '-'} "
+                      f"(world size {job['world_size']})"),
+        ("Strategy", job.get("strategy")),
+        ("Step", step),
+        ("Throughput", f"{progress['tokens_per_s']:.0f} tok/s" if progress.get("tokens_per_s")
+         else None),
+        ("Checkpoints", f"every {interval} steps ({job.get('checkpoint_policy')}), "
+                        f"keep {job.get('keep_last')}"),
+        ("Restarts", ", ".join(f"{k} {(job.get('restart_counts') or {}).get(k, 0)}/{v}"
+                               for k, v in (job.get("restart_budgets") or {}).items())),
+        ("Storage", job.get("storage_uri")),
+        ("Submitted", f"{job.get('created_at')} by {job.get('created_by') or '-'}"),
+    ]
+    width = max(len(k) for k, _ in lines)
+    for key, value in lines:
+        if value:
+            click.echo(f"{key.ljust(width)}  {value}")
+
+
+@cli.command()
+@click.argument("job_id", type=int)
+@click.option("--interval", type=click.FloatRange(0.2, 60), default=2.0, show_default=True,
+              help="Seconds between polls.")
+@json_flag
+def watch(state: State, job_id: int, interval: float):
+    """Follow a job until it ends: step, loss, throughput.
+
+    Exits 0 when it succeeds, 1 when it fails, 3 when it is cancelled."""
+    sys.exit(watch_job(state.client, job_id, interval, state.as_json))
+
+
+@cli.command()
+@click.argument("job_id", type=int)
+@json_flag
+def events(state: State, job_id: int):
+    """The job's timeline: every transition and what caused it."""
+    items = state.client.get_all(f"jobs/{job_id}/events/")
+    if state.as_json:
+        output.emit_json(items)
+        return
+    rows = []
+    for e in items:
+        move = f"{e['from_phase']}->{e['to_phase']}" if e["from_phase"] != e["to_phase"] else ""
+        rows.append([e["created_at"][:19].replace("T", " "), e["kind"], move, e["actor"],
+                     output.truncate(e.get("message"), 70)])
+    output.table(rows, ["TIME", "KIND", "PHASE", "ACTOR", "MESSAGE"])
+
+
+@cli.command()
+@click.argument("job_id", type=int)
+@json_flag
+def checkpoints(state: State, job_id: int):
+    """The job's checkpoints, newest first."""
+    items = state.client.get_all(f"jobs/{job_id}/checkpoints/")
+    if state.as_json:
+        output.emit_json(items)
+        return
+    rows = [[c["step"], c["state"] + (" (emergency)" if c.get("emergency") else ""),
+             output.size(c.get("bytes")), f"{c.get('save_seconds', 0):.2f}s",
+             output.age(c.get("created_at")), c["uri"]]
+            for c in sorted(items, key=lambda c: -c["step"])]
+    output.table(rows, ["STEP", "STATE", "SIZE", "SAVE", "AGE", "URI"])
+
+
+@cli.command()
+@click.argument("job_id", type=int)
+@json_flag
+def cancel(state: State, job_id: int):
+    """Ask for a job to stop (repeating it is harmless)."""
+    job = state.client.post(f"jobs/{job_id}/cancel/")
+    if state.as_json:
+        output.emit_json(job)
+        return
+    click.echo(f"Cancel requested for job {job['id']} {job['name']} (now {job['phase']}).")
+
+
+@cli.command()
+@click.option("--cluster", help="Only this cluster's nodes (name).")
+@click.option("--pool", help="Only this pool's nodes.")
+@click.option("--state", "node_state", help="Only nodes in this state (ready, cordoned, …).")
+@json_flag
+def nodes(state: State, cluster, pool, node_state):
+    """The fleet's nodes and their state."""
+    items = state.client.get_all("nodes/", cluster=cluster, pool=pool, state=node_state)
+    if state.as_json:
+        output.emit_json(items)
+        return
+    rows = [[n["name"], n["cluster"], n["pool"], n["state"], n["gpus"],
+             "spare" if n.get("is_spare") else "", output.truncate(n.get("state_reason"), 60)]
+            for n in items]
+    output.table(rows, ["NAME", "CLUSTER", "POOL", "STATE", "GPUS", "ROLE", "REASON"])
+
+
+def main(argv=None):
+    cli.main(args=argv, prog_name="regatta")
+
+
+if __name__ == "__main__":
+    main()

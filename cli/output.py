@@ -1,0 +1,86 @@
+"""How the CLI prints: aligned tables for people, JSON for scripts, and API
+errors exactly as the API gave them."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import click
+
+
+def emit_json(data) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def table(rows: list[list], headers: list[str]) -> None:
+    cells = [[("" if c is None else str(c)) for c in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    click.secho(line.rstrip(), bold=True)
+    for row in cells:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def age(iso: str | None) -> str:
+    if not iso:
+        return "-"
+    try:
+        then = datetime.fromisoformat(iso.replace("Z", "+00:00"))
+    except ValueError:
+        return iso
+    secs = max(0, int((datetime.now(UTC) - then).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if secs >= size:
+            return f"{secs // size}{unit}"
+    return f"{secs}s"
+
+
+def size(num) -> str:
+    n = float(num or 0)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    return f"{n:.1f}TiB"
+
+
+def truncate(text: str | None, width: int) -> str:
+    text = (text or "").replace("\n", " ")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def field_messages(body, prefix: str = "") -> list[str]:
+    """Flatten DRF's error body into `field: message` lines."""
+    if isinstance(body, dict):
+        out = []
+        for key, value in body.items():
+            name = key if not prefix else f"{prefix}.{key}"
+            if key in ("detail", "non_field_errors") and not prefix:
+                out.extend(field_messages(value, ""))
+            else:
+                out.extend(field_messages(value, name))
+        return out
+    if isinstance(body, list):
+        if all(not isinstance(v, dict | list) for v in body):
+            text = " ".join(str(v) for v in body)
+            return [f"{prefix}: {text}" if prefix else text]
+        out = []
+        for i, value in enumerate(body):
+            out.extend(field_messages(value, f"{prefix}[{i}]" if prefix else f"[{i}]"))
+        return out
+    text = str(body)
+    return [f"{prefix}: {text}" if prefix else text]
+
+
+def api_error(exc, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps({"status": exc.status, "error": exc.body}, indent=2), err=True)
+        return
+    click.secho(f"Error: HTTP {exc.status} {exc.reason}".rstrip(), fg="red", err=True)
+    if exc.body in (None, ""):
+        return
+    for line in field_messages(exc.body):
+        click.echo(f"  {line}", err=True)
