@@ -1,0 +1,49 @@
+"""A tiny torch.distributed program the local provider's tests launch instead of
+the trainer: it joins the gang, all-reduces a few times, writes the status file
+the trainer would, and exits with the code asked for (REGATTA_TEST_EXIT) or
+keeps stepping for REGATTA_TEST_STEPS steps of REGATTA_TEST_STEP_S seconds."""
+
+import json
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def main() -> int:
+    rank = int(os.environ["RANK"])
+    steps = int(os.environ.get("REGATTA_TEST_STEPS", "3"))
+    step_s = float(os.environ.get("REGATTA_TEST_STEP_S", "0.05"))
+    code = int(os.environ.get("REGATTA_TEST_EXIT", "0"))
+    stop = {"asked": False}
+    if os.environ.get("REGATTA_TEST_IGNORE_TERM"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a rank stuck where it cannot exit
+    else:
+        signal.signal(signal.SIGTERM, lambda *_: stop.update(asked=True))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+    tensor = torch.ones(4)
+    step = 0
+    progress = os.path.join(os.environ["REGATTA_STATUS_DIR"], f"progress-{rank}")
+    for step in range(1, steps + 1):
+        dist.all_reduce(tensor)
+        with open(progress, "w") as fh:
+            fh.write(str(step))
+        if stop["asked"]:
+            code = 83  # the trainer's "stopped on SIGTERM" code
+            break
+        time.sleep(step_s)
+    status = {"rank": rank, "exit_code": code, "failure_class": None, "error": None,
+              "step": step, "time": time.time(), "sum": tensor[0].item()}
+    with open(os.path.join(os.environ["REGATTA_STATUS_DIR"], f"rank-{rank}.json"), "w") as fh:
+        json.dump(status, fh)
+    if code == 0:
+        dist.destroy_process_group()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""The PyTorchJob, Secret and preflight manifests, built by pure functions.
+
+No Kubernetes API server can run here, so these tests check the manifests
+themselves and their round trip through the official `kubernetes` and
+`kubeflow-training` models; test_kubernetes_provider.py sends them to a
+stand-in API server.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+from kubeflow.training import models as kf
+
+from clusters.providers.base import LaunchRequest, Placement, PoolInfo
+from clusters.providers.kubernetes import manifests as mf
+from clusters.providers.kubernetes.config import KubeSettings
+from controlplane.lib.errors import PermanentError
+
+TOKEN = "rgw_7_secret-token-value"
+
+
+def make_pool(**kw):
+    base = dict(cluster="eks-a", name="h100", instance_type="p5.48xlarge", gpus_per_node=8,
+                node_selector={"eks.amazonaws.com/nodegroup": "h100"},
+                tolerations=[{"key": "dedicated", "operator": "Equal", "value": "training",
+                              "effect": "NoSchedule"}])
+    base.update(kw)
+    return PoolInfo(**base)
+
+
+def make_request(nodes=("ip-10-0-0-1", "ip-10-0-0-2", "ip-10-0-0-3"), pool=None, **kw):
+    base = dict(
+        job_id=7, attempt_id=21, attempt_number=2, name="job-7-a2", pool=pool or make_pool(),
+        placements=tuple(Placement(node=n, node_rank=i) for i, n in enumerate(nodes)),
+        nproc_per_node=8, image="registry.example/regatta/trainer:1.0",
+        env={"REGATTA_URL": "https://regatta.example", "REGATTA_TOKEN": TOKEN,
+             "REGATTA_JOB_ID": "7", "REGATTA_ATTEMPT_ID": "21", "REGATTA_RESUME_STEP": "400",
+             "REGATTA_STATUS_DIR": "/tmp/status", "REGATTA_NODE": "ignored"},
+        checkpoint_uri="s3://ckpts/runs/job-7",
+    )
+    base.update(kw)
+    return LaunchRequest(**base)
+
+
+def round_trip(model, klass):
+    data = mf.to_dict(model)
+    back = mf.from_dict(data, klass)
+    assert back == model
+    assert mf.to_dict(back) == data
+    return data
+
+
+def container(job: dict, replica: str) -> dict:
+    return job["spec"]["pytorchReplicaSpecs"][replica]["template"]["spec"]["containers"][0]
+
+
+def pod_spec(job: dict, replica: str) -> dict:
+    return job["spec"]["pytorchReplicaSpecs"][replica]["template"]["spec"]
+
+
+def env_of(job: dict, replica: str = "Master") -> dict:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container(job, replica)["env"]}
+
+
+@pytest.mark.parametrize("raw", [
+    {},
+    {"gang_scheduler": "volcano", "queue": "training", "priority_class": "high"},
+    {"gang_scheduler": "kueue", "queue": "team-a", "shm_size": "64Gi",
+     "service_account": "trainer", "image_pull_secrets": ["ecr"]},
+])
+def test_every_manifest_round_trips_through_the_official_models(raw):
+    settings = KubeSettings.parse(raw)
+    request = make_request(pool=make_pool(efa=True, settings={"efa_devices": 32}))
+    job = round_trip(mf.pytorch_job(request, settings), "KubeflowOrgV1PyTorchJob")
+    assert job["apiVersion"] == "kubeflow.org/v1" and job["kind"] == "PyTorchJob"
+    round_trip(mf.token_secret(request, settings), "V1Secret")
+    round_trip(mf.preflight_job(request.pool, request.placements, settings, nonce="n1"),
+               "KubeflowOrgV1PyTorchJob")
+    owner = {"metadata": {"name": "job-7-a2", "uid": "0d5c-uid"}}
+    round_trip(mf.owner_reference(owner), "V1OwnerReference")
+
+
+def test_it_builds_a_master_and_workers_pinned_one_per_chosen_node():
+    job = mf.to_dict(mf.pytorch_job(make_request(), KubeSettings()))
+    specs = job["spec"]["pytorchReplicaSpecs"]
+    assert specs["Master"]["replicas"] == 1 and specs["Worker"]["replicas"] == 2
+    assert job["spec"]["nprocPerNode"] == "8"
+
+    def pinned(replica):
+        terms = pod_spec(job, replica)["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        (expr,) = terms[0]["matchExpressions"]
+        assert expr["key"] == "kubernetes.io/hostname" and expr["operator"] == "In"
+        return expr["values"]
+
+    assert pinned("Master") == ["ip-10-0-0-1"]
+    assert pinned("Worker") == ["ip-10-0-0-2", "ip-10-0-0-3"]
+    apart = pod_spec(job, "Worker")["affinity"]["podAntiAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert apart["topologyKey"] == "kubernetes.io/hostname"
+    assert apart["labelSelector"]["matchLabels"] == {"training.kubeflow.org/job-name": "job-7-a2"}
+    # Regatta owns restarts; the operator restarts nothing and keeps pods.
+    assert job["spec"]["runPolicy"] == {"backoffLimit": 0, "cleanPodPolicy": "None"}
+    assert specs["Worker"]["restartPolicy"] == "Never"
+    assert pod_spec(job, "Worker")["restartPolicy"] == "Never"
+
+
+def test_a_single_node_attempt_has_only_a_master():
+    job = mf.to_dict(mf.pytorch_job(make_request(nodes=("n1",)), KubeSettings()))
+    assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Master"]
+
+
+def test_it_requests_gpus_and_efa_devices_per_pod_with_the_pool_selectors():
+    pool = make_pool(efa=True, settings={"efa_devices": 32})
+    job = mf.to_dict(mf.pytorch_job(make_request(pool=pool), KubeSettings()))
+    for replica in ("Master", "Worker"):
+        resources = container(job, replica)["resources"]
+        assert resources["limits"] == {"nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32"}
+        assert resources["requests"] == resources["limits"]
+        spec = pod_spec(job, replica)
+        assert spec["nodeSelector"] == {"eks.amazonaws.com/nodegroup": "h100"}
+        assert {"key": "dedicated", "operator": "Equal", "value": "training",
+                "effect": "NoSchedule"} in spec["tolerations"]
+        assert {"key": "nvidia.com/gpu", "operator": "Exists",
+                "effect": "NoSchedule"} in spec["tolerations"]
+    env = env_of(job)
+    assert env["FI_PROVIDER"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+
+    plain = mf.to_dict(mf.pytorch_job(make_request(), KubeSettings()))
+    assert "vpc.amazonaws.com/efa" not in container(plain, "Master")["resources"]["limits"]
+    assert "FI_PROVIDER" not in env_of(plain)
+
+
+def test_the_token_comes_from_the_attempts_secret_never_the_manifest():
+    request = make_request()
+    settings = KubeSettings(namespace="team-a")
+    job = mf.to_dict(mf.pytorch_job(request, settings))
+    assert TOKEN not in repr(job)
+    env = env_of(job)
+    assert env["REGATTA_TOKEN"] == {"secretKeyRef": {"name": "job-7-a2-token", "key": "token"}}
+    secret = mf.to_dict(mf.token_secret(request, settings))
+    assert secret["metadata"]["name"] == "job-7-a2-token"
+    assert secret["metadata"]["namespace"] == "team-a"
+    assert secret["stringData"] == {"token": TOKEN}
+    assert secret["metadata"]["labels"]["regatta.io/attempt-id"] == "21"
+
+
+def test_a_request_without_a_token_is_refused():
+    request = make_request(env={"REGATTA_URL": "https://regatta.example"})
+    with pytest.raises(PermanentError, match="REGATTA_TOKEN"):
+        mf.token_secret(request, KubeSettings())
+
+
+def test_the_trainer_environment_follows_the_protocol():
+    job = mf.to_dict(mf.pytorch_job(make_request(), KubeSettings(region="us-east-1")))
+    env = env_of(job, "Worker")
+    assert env["REGATTA_URL"] == "https://regatta.example"
+    assert env["REGATTA_JOB_ID"] == "7" and env["REGATTA_ATTEMPT_ID"] == "21"
+    assert env["REGATTA_RESUME_STEP"] == "400"
+    assert env["REGATTA_CHECKPOINT_URI"] == "s3://ckpts/runs/job-7"
+    assert env["AWS_DEFAULT_REGION"] == "us-east-1"
+    # The node name comes from the pod itself; a status folder would die with it.
+    assert env["REGATTA_NODE"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert "REGATTA_STATUS_DIR" not in env
+    assert container(job, "Worker")["command"] == ["torchrun", "-m", "trainer"]
+    assert container(job, "Worker")["name"] == "pytorch"
+    custom = mf.to_dict(mf.pytorch_job(make_request(command=("/app/train.py", "--lr", "3e-4")),
+                                       KubeSettings()))
+    assert container(custom, "Master")["command"] == ["torchrun", "/app/train.py", "--lr",
+                                                      "3e-4"]
+
+
+def test_nccl_settings_layer_defaults_then_cluster_then_pool():
+    settings = KubeSettings.parse({"nccl_env": {"NCCL_SOCKET_IFNAME": "eth0",
+                                                "NCCL_DEBUG": "INFO"}})
+    pool = make_pool(settings={"nccl_env": {"NCCL_SOCKET_IFNAME": "ens5", "NCCL_IB_DISABLE": 1}})
+    env = env_of(mf.to_dict(mf.pytorch_job(make_request(pool=pool), settings)))
+    assert env["NCCL_DEBUG"] == "INFO"
+    assert env["NCCL_SOCKET_IFNAME"] == "ens5"
+    assert env["NCCL_IB_DISABLE"] == "1"
+    assert env_of(mf.to_dict(mf.pytorch_job(make_request(), KubeSettings())))[
+        "NCCL_DEBUG"] == "WARN"
+
+
+def test_volcano_gets_its_scheduler_and_a_gang_of_every_node():
+    settings = KubeSettings.parse({"gang_scheduler": "volcano", "queue": "training"})
+    job = mf.to_dict(mf.pytorch_job(make_request(), settings))
+    assert job["spec"]["runPolicy"]["schedulingPolicy"] == {"minAvailable": 3,
+                                                            "queue": "training"}
+    assert pod_spec(job, "Master")["schedulerName"] == "volcano"
+    assert "kueue.x-k8s.io/queue-name" not in job["metadata"]["labels"]
+
+
+def test_kueue_admits_through_its_queue_label():
+    settings = KubeSettings.parse({"gang_scheduler": "kueue", "queue": "team-a"})
+    job = mf.to_dict(mf.pytorch_job(make_request(), settings))
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert "schedulingPolicy" not in job["spec"]["runPolicy"]
+    assert "schedulerName" not in pod_spec(job, "Master")
+
+
+def test_path_checkpoints_mount_the_shared_volume():
+    settings = KubeSettings.parse({"checkpoint_pvc": "fsx-lustre",
+                                   "checkpoint_mount_path": "/fsx"})
+    request = make_request(checkpoint_uri="file:///fsx/regatta/job-7")
+    job = mf.to_dict(mf.pytorch_job(request, settings))
+    spec = pod_spec(job, "Worker")
+    assert spec["volumes"] == [{"name": "checkpoints",
+                                "persistentVolumeClaim": {"claimName": "fsx-lustre"}}]
+    assert container(job, "Worker")["volumeMounts"] == [{"name": "checkpoints",
+                                                        "mountPath": "/fsx"}]
+    assert env_of(job)["REGATTA_CHECKPOINT_URI"] == "/fsx/regatta/job-7"
+
+
+def test_s3_checkpoints_mount_nothing():
+    job = mf.to_dict(mf.pytorch_job(make_request(), KubeSettings(checkpoint_pvc="fsx")))
+    assert "volumes" not in pod_spec(job, "Master")
+
+
+def test_a_path_checkpoint_without_a_volume_is_refused():
+    with pytest.raises(PermanentError, match="checkpoint_pvc"):
+        mf.pytorch_job(make_request(checkpoint_uri="/var/lib/ckpt"), KubeSettings())
+    with pytest.raises(PermanentError, match="outside"):
+        mf.pytorch_job(make_request(checkpoint_uri="/elsewhere/x"),
+                       KubeSettings(checkpoint_pvc="fsx", checkpoint_mount_path="/fsx"))
+
+
+def test_the_preflight_runs_one_pod_per_node_and_expires():
+    request = make_request()
+    settings = KubeSettings(preflight_image="registry.example/regatta/trainer:1.0")
+    job = mf.to_dict(mf.preflight_job(request.pool, request.placements, settings, nonce="a"))
+    assert job["spec"]["nprocPerNode"] == "1"
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
+    assert job["metadata"]["labels"]["regatta.io/purpose"] == "preflight"
+    assert job["spec"]["runPolicy"]["ttlSecondsAfterFinished"] == 300
+    assert container(job, "Master")["command"][:2] == ["python", "-c"]
+    assert container(job, "Master")["image"] == "registry.example/regatta/trainer:1.0"
+    again = mf.preflight_job(request.pool, request.placements, settings, nonce="b")
+    assert again.metadata.name != job["metadata"]["name"]
+    assert len(again.metadata.name) <= 63
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_preflight_script_all_reduces_across_real_processes():
+    """Two processes with the environment the training operator gives each pod
+    (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); gloo on CPU here."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", mf.PREFLIGHT_SCRIPT], stdout=subprocess.PIPE, text=True,
+            env={**os.environ, "RANK": str(rank), "WORLD_SIZE": "2",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+        )
+        for rank in range(2)
+    ]
+    outputs = [p.communicate(timeout=100)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    reports = [json.loads(out.strip().splitlines()[-1]) for out in outputs]
+    assert sorted(r["rank"] for r in reports) == [0, 1]
+    assert all(r["ok"] and r["busbw_gbps"] > 0 for r in reports)
+
+
+@pytest.mark.parametrize("raw, key", [
+    ({"preflight": "nccl-tests"}, "preflight"),
+    ({"gang_scheduler": "yunikorn"}, "gang_scheduler"),
+    ({"gang_scheduler": "volcano"}, "queue"),
+    ({"namespace": 3}, "namespace"),
+    ({"in_cluster": "yes"}, "in_cluster"),
+    ({"termination_grace_s": -1}, "termination_grace_s"),
+    ({"nccl_env": ["NCCL_DEBUG=INFO"]}, "nccl_env"),
+    ({"delete_propagation": "Orphan"}, "delete_propagation"),
+])
+def test_a_bad_cluster_setting_is_a_permanent_error_naming_it(raw, key):
+    with pytest.raises(PermanentError, match=key):
+        KubeSettings.parse(raw)
+
+
+def test_settings_of_other_adapters_are_left_alone():
+    settings = KubeSettings.parse({"asg_name": "x", "endpoint_url": "http://aws", "region": "r"})
+    assert settings.namespace == "regatta-training" and settings.region == "r"
+
+
+def test_a_bad_toleration_is_a_permanent_error():
+    pool = make_pool(tolerations=[{"key": "a", "tolerationSeconds": "soon"}])
+    with pytest.raises(PermanentError, match="toleration"):
+        mf.pytorch_job(make_request(pool=pool), KubeSettings())
+
+
+def test_kubeflow_models_are_what_is_built():
+    assert isinstance(mf.pytorch_job(make_request(), KubeSettings()), kf.KubeflowOrgV1PyTorchJob)

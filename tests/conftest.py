@@ -1,0 +1,125 @@
+"""Shared fixtures: the real broker, and the personas every authorization
+test uses (an owner, a teammate, an outsider, an operator, anonymous)."""
+
+import pytest
+from django.conf import settings
+from rest_framework.test import APIClient
+
+from accounts.models import ApiToken
+from clusters.models import Cluster, Node, NodePool
+from controlplane.embedded import start_redis
+from jobs.models import Quota, Team
+
+
+@pytest.fixture(scope="session", autouse=True)
+def broker():
+    """A real Redis for the whole run: the embedded one unless REDIS_URL is set."""
+    proc = start_redis(settings.EMBEDDED_REDIS_SOCKET) if settings.EMBEDDED_REDIS else None
+    from controlplane.redis_client import get_redis
+
+    get_redis().flushdb()
+    yield settings.REDIS_URL
+    if proc is not None:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fast_password_hashing():
+    """Personas get real passwords; PBKDF2's deliberate slowness (~0.5 s a
+    user on this machine) would otherwise dominate the suite's run time."""
+    from django.test import override_settings
+
+    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"]):
+        yield
+
+
+def _user(django_user_model, username, **extra):
+    return django_user_model.objects.create_user(username, password="pw-" + username, **extra)
+
+
+@pytest.fixture
+def cluster(db):
+    cluster = Cluster.objects.create(name="cpu-a", provider=Cluster.Provider.LOCAL)
+    pool = NodePool.objects.create(cluster=cluster, name="default", gpus_per_node=2, size=4,
+                                   spare_count=1)
+    for i in range(5):
+        Node.objects.create(cluster=cluster, pool=pool, name=f"cpu-a-{i}", gpus=2,
+                            state=Node.State.READY, is_spare=(i == 4))
+    return cluster
+
+
+@pytest.fixture
+def pool(cluster):
+    return cluster.pools.get()
+
+
+@pytest.fixture
+def team(db, cluster):
+    team = Team.objects.create(name="vision", display_name="Vision")
+    Quota.objects.create(team=team, cluster=cluster, gpus=4, max_running_jobs=3)
+    return team
+
+
+@pytest.fixture
+def other_team(db, cluster):
+    team = Team.objects.create(name="speech", display_name="Speech")
+    Quota.objects.create(team=team, cluster=cluster, gpus=4)
+    return team
+
+
+@pytest.fixture
+def owner(django_user_model, team):
+    user = _user(django_user_model, "olivia")
+    team.members.add(user)
+    return user
+
+
+@pytest.fixture
+def teammate(django_user_model, team):
+    user = _user(django_user_model, "tom")
+    team.members.add(user)
+    return user
+
+
+@pytest.fixture
+def outsider(django_user_model, other_team):
+    user = _user(django_user_model, "oscar")
+    other_team.members.add(user)
+    return user
+
+
+@pytest.fixture
+def operator(django_user_model):
+    return _user(django_user_model, "opal", is_staff=True)
+
+
+@pytest.fixture
+def admin_user_(django_user_model):
+    return django_user_model.objects.create_superuser("ada", password="pw-ada")
+
+
+def client_for(user) -> APIClient:
+    """An API client that authenticates with a real API token of `user`."""
+    client = APIClient()
+    if user is not None:
+        _, raw = ApiToken.issue(user, "test")
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    return client
+
+
+@pytest.fixture
+def api():
+    return client_for
+
+
+@pytest.fixture
+def fleet_dirs(settings, tmp_path):
+    """Checkpoints, artifacts and the in-memory fleet private to one test."""
+    from clusters.providers import memory
+
+    settings.CHECKPOINT_ROOT = tmp_path / "checkpoints"
+    settings.ARTIFACT_ROOT = tmp_path / "artifacts"
+    memory.reset()
+    yield tmp_path
+    memory.reset()

@@ -1,0 +1,104 @@
+"""The run command on embedded defaults: the demo world, then web, worker,
+beat and the embedded broker in the foreground; Ctrl-C leaves nothing behind."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+
+from accounts.models import ApiToken
+from clusters.models import Cluster
+from jobs.models import Quota, Team, TrainingJob
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_demo_world_is_created_once_however_often_it_runs(db):
+    call_command("regatta_demo")
+    call_command("regatta_demo")
+    assert Cluster.objects.filter(name="local").count() == 1
+    assert Cluster.objects.get(name="local").pools.get().spare_count == 1
+    team = Team.objects.get(name="demo")
+    assert Quota.objects.filter(team=team).count() == 1
+    assert TrainingJob.objects.filter(team=team).count() == 1
+    assert ApiToken.objects.filter(name="demo").count() == 1
+    job = TrainingJob.objects.get(team=team)
+    assert (job.num_nodes, job.phase) == (2, "pending")
+    assert job.events.filter(kind="Submitted").exists()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _sessions_alive(sids):
+    alive = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        state, sid = fields[0], int(fields[3])
+        if sid in sids and state != "Z":
+            alive.append(int(entry.name))
+    return alive
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_ctrl_c_stops_web_worker_beat_and_broker_leaving_no_process(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(REGATTA_STATE_DIR=str(tmp_path), PYTHONUNBUFFERED="1")
+    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT,
+                   env=env, check=True, timeout=120)
+    subprocess.run([sys.executable, "manage.py", "regatta_demo", "--no-job"], cwd=ROOT, env=env,
+                   check=True, timeout=60, capture_output=True)
+    port = _free_port()
+    up = subprocess.Popen(
+        [sys.executable, "manage.py", "regatta_up", "--bind", f"127.0.0.1:{port}"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        status = None
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/login/", timeout=2) as r:
+                    status = r.status
+                    break
+            except OSError:
+                time.sleep(0.5)
+        assert status == 200, "the web process never answered"
+        children = [
+            int(p.name) for p in Path("/proc").iterdir()
+            if p.name.isdigit() and _ppid(p) == up.pid
+        ]
+        assert len(children) >= 4, "redis, web, worker and beat should all be running"
+        up.send_signal(signal.SIGINT)
+        output, _ = up.communicate(timeout=60)
+        assert up.returncode == 0, output
+        assert "stopped." in output
+        time.sleep(0.5)
+        assert _sessions_alive(set(children)) == []
+    finally:
+        if up.poll() is None:
+            up.kill()
+
+
+def _ppid(proc_dir: Path) -> int | None:
+    try:
+        return int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None

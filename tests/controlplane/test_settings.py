@@ -1,0 +1,101 @@
+"""Settings come from the environment through typed helpers that name the
+variable when a value is bad."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from controlplane.env import (
+    ImproperlyConfiguredEnv,
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_url,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_it_reads_typed_values(monkeypatch):
+    monkeypatch.setenv("REGATTA_X_INT", "42")
+    monkeypatch.setenv("REGATTA_X_BOOL", "yes")
+    monkeypatch.setenv("REGATTA_X_FLOAT", "2.5")
+    monkeypatch.setenv("REGATTA_X_LIST", "a, b,,c")
+    assert env_int("REGATTA_X_INT", 1) == 42
+    assert env_bool("REGATTA_X_BOOL", False) is True
+    assert env_float("REGATTA_X_FLOAT", 0.0) == 2.5
+    assert env_list("REGATTA_X_LIST", []) == ["a", "b", "c"]
+
+
+def test_it_uses_the_default_when_unset_or_blank(monkeypatch):
+    monkeypatch.delenv("REGATTA_X_INT", raising=False)
+    assert env_int("REGATTA_X_INT", 7) == 7
+    monkeypatch.setenv("REGATTA_X_INT", "  ")
+    assert env_int("REGATTA_X_INT", 7) == 7
+
+
+@pytest.mark.parametrize(
+    "reader, value, fragment",
+    [
+        (lambda: env_int("REGATTA_X", 1), "two", "REGATTA_X must be an integer"),
+        (lambda: env_int("REGATTA_X", 1, minimum=1), "0", "REGATTA_X must be at least 1"),
+        (lambda: env_bool("REGATTA_X", False), "maybe", "REGATTA_X must be one of"),
+        (lambda: env_float("REGATTA_X", 1.0), "fast", "REGATTA_X must be a number"),
+        (
+            lambda: env_url("REGATTA_X", None, schemes=("redis",)),
+            "http://x",
+            "REGATTA_X must start",
+        ),
+    ],
+)
+def test_it_names_the_variable_of_a_bad_value(monkeypatch, reader, value, fragment):
+    monkeypatch.setenv("REGATTA_X", value)
+    with pytest.raises(ImproperlyConfiguredEnv, match=fragment):
+        reader()
+
+
+def _django_check(env_overrides):
+    env = {**os.environ, **env_overrides}
+    return subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=ROOT, env=env,
+        capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_a_bad_database_url_stops_the_process_at_start_naming_it(tmp_path):
+    result = _django_check({"DATABASE_URL": "mysql://x", "REGATTA_STATE_DIR": str(tmp_path)})
+    assert result.returncode != 0
+    assert "DATABASE_URL must start with one of" in result.stderr
+
+
+def test_a_bad_sweep_interval_stops_the_process_at_start_naming_it(tmp_path):
+    result = _django_check(
+        {"REGATTA_SWEEP_INTERVAL_S": "soon", "REGATTA_STATE_DIR": str(tmp_path)}
+    )
+    assert result.returncode != 0
+    assert "REGATTA_SWEEP_INTERVAL_S must be a number" in result.stderr
+
+
+def test_with_nothing_set_it_uses_sqlite_in_wal_mode_and_the_embedded_broker(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env["REGATTA_STATE_DIR"] = str(tmp_path)
+    code = (
+        "import django; django.setup();"
+        "from django.conf import settings; from django.db import connection;"
+        "c = connection.cursor(); c.execute('PRAGMA journal_mode');"
+        "print(settings.DATABASES['default']['ENGINE'], c.fetchone()[0],"
+        " settings.CELERY_BROKER_URL)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**env, "DJANGO_SETTINGS_MODULE": "controlplane.settings"},
+    )
+    assert out.returncode == 0, out.stderr
+    engine, journal, broker = out.stdout.split()
+    assert engine == "django.db.backends.sqlite3"
+    assert journal == "wal"
+    assert broker == f"redis+socket://{tmp_path}/redis.sock"

@@ -1,0 +1,183 @@
+"""The manifests that run Regatta itself on Kubernetes (deploy/).
+
+No cluster can run here: these tests parse every file, check each object
+against the official `kubernetes` models (a misspelled field is dropped on
+the way in, so the round trip would differ), and pin the RBAC to exactly
+the verbs the Kubernetes provider uses.
+"""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from clusters.providers.kubernetes.manifests import from_dict, to_dict
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+FILES = sorted(DEPLOY.rglob("*.yaml"))
+MODELS = {
+    "Namespace": "V1Namespace", "ServiceAccount": "V1ServiceAccount", "Role": "V1Role",
+    "RoleBinding": "V1RoleBinding", "ClusterRole": "V1ClusterRole",
+    "ClusterRoleBinding": "V1ClusterRoleBinding", "ConfigMap": "V1ConfigMap",
+    "Secret": "V1Secret", "Deployment": "V1Deployment", "Service": "V1Service",
+    "Job": "V1Job", "Ingress": "V1Ingress",
+}
+
+
+def docs(path):
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+def objects(under="base"):
+    found = {}
+    for path in sorted((DEPLOY / under).glob("*.yaml")):
+        for doc in docs(path):
+            if doc["kind"] != "Kustomization":
+                found[(doc["kind"], doc["metadata"]["name"])] = doc
+    return found
+
+
+def test_there_are_manifests_to_check():
+    assert len(FILES) >= 10
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(DEPLOY)))
+def test_every_object_parses_and_matches_the_kubernetes_models(path):
+    for doc in docs(path):
+        kind = doc["kind"]
+        if kind == "Kustomization":
+            assert doc["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
+            for resource in doc["resources"]:
+                assert (path.parent / resource).exists(), resource
+            continue
+        assert kind in MODELS, f"{path.name}: unexpected kind {kind}"
+        assert to_dict(from_dict(doc, MODELS[kind])) == doc
+
+
+def test_the_base_lists_every_file_beside_it():
+    kustomization = docs(DEPLOY / "base" / "kustomization.yaml")[0]
+    beside = {p.name for p in (DEPLOY / "base").glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(kustomization["resources"]) == beside
+
+
+def test_the_base_runs_web_worker_beat_and_the_migration():
+    found = objects()
+    assert set(found) >= {
+        ("Deployment", "regatta-web"), ("Deployment", "regatta-worker"),
+        ("Deployment", "regatta-beat"), ("Job", "regatta-migrate"),
+        ("Service", "regatta-web"), ("ServiceAccount", "regatta-control-plane"),
+        ("Namespace", "regatta"), ("Namespace", "regatta-training"),
+    }
+    beat = found[("Deployment", "regatta-beat")]["spec"]
+    assert beat["replicas"] == 1 and beat["strategy"] == {"type": "Recreate"}
+    web = found[("Deployment", "regatta-web")]["spec"]["template"]["spec"]["containers"][0]
+    assert web["command"][0] == "gunicorn"
+    assert web["readinessProbe"]["httpGet"]["path"] == "/login/"
+    assert "tcpSocket" in web["livenessProbe"]
+    migrate = found[("Job", "regatta-migrate")]["spec"]["template"]["spec"]["containers"][0]
+    assert migrate["command"] == ["python", "manage.py", "migrate", "--noinput"]
+    examples = {d["kind"] for p in (DEPLOY / "examples").glob("*.yaml") for d in docs(p)}
+    assert examples == {"Ingress", "Secret"}
+
+
+def test_database_redis_and_secret_key_come_from_a_secret():
+    for (kind, name), doc in objects().items():
+        if kind not in ("Deployment", "Job"):
+            continue
+        for container in doc["spec"]["template"]["spec"]["containers"]:
+            env = {e["name"]: e for e in container.get("env", [])}
+            for key in ("DATABASE_URL", "REDIS_URL", "SECRET_KEY"):
+                assert env[key]["valueFrom"]["secretKeyRef"] == {
+                    "name": "regatta-secrets", "key": key}, (name, key)
+                assert "value" not in env[key]
+
+
+def rules(doc):
+    """{(apiGroups, resource): verbs}; one resource per rule keeps it plain."""
+    assert all(len(r["resources"]) == 1 for r in doc["rules"])
+    return {(tuple(r["apiGroups"]), r["resources"][0]): sorted(r["verbs"])
+            for r in doc["rules"]}
+
+
+def test_the_control_plane_gets_exactly_the_verbs_it_uses():
+    found = objects()
+    role = found[("Role", "regatta-control-plane")]
+    assert role["metadata"]["namespace"] == "regatta-training"
+    assert rules(role) == {
+        (("kubeflow.org",), "pytorchjobs"): sorted(["create", "get", "list", "watch", "delete"]),
+        (("",), "pods"): sorted(["get", "list", "watch"]),
+        (("",), "pods/eviction"): ["create"],
+        (("",), "pods/log"): ["get"],
+        (("",), "secrets"): sorted(["create", "delete", "get"]),
+    }
+    assert len(role["rules"]) == 5
+    nodes = found[("ClusterRole", "regatta-nodes")]
+    assert rules(nodes) == {(("",), "nodes"): sorted(["get", "list", "watch", "patch"])}
+    roles = [k for k in found if k[0] in ("Role", "ClusterRole")]
+    assert sorted(roles) == [("ClusterRole", "regatta-nodes"), ("Role", "regatta-control-plane")]
+
+
+def test_each_role_is_bound_to_the_control_planes_service_account_only():
+    found = objects()
+    for kind, role_kind, name in (("RoleBinding", "Role", "regatta-control-plane"),
+                                  ("ClusterRoleBinding", "ClusterRole", "regatta-nodes")):
+        binding = found[(kind, name)]
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
+                                      "kind": role_kind, "name": name}
+        assert binding["subjects"] == [{"kind": "ServiceAccount",
+                                        "name": "regatta-control-plane",
+                                        "namespace": "regatta"}]
+    for name in ("regatta-web", "regatta-worker"):
+        spec = found[("Deployment", name)]["spec"]["template"]["spec"]
+        assert spec["serviceAccountName"] == "regatta-control-plane"
+    beat = found[("Deployment", "regatta-beat")]["spec"]["template"]["spec"]
+    assert beat["automountServiceAccountToken"] is False
+
+
+def test_deleting_nodes_is_an_opt_in_overlay_of_one_verb():
+    overlay = objects("overlays/node-delete")
+    role = overlay[("ClusterRole", "regatta-node-delete")]
+    assert rules(role) == {(("",), "nodes"): ["delete"]}
+    kustomization = docs(DEPLOY / "overlays" / "node-delete" / "kustomization.yaml")[0]
+    assert "../../base" in kustomization["resources"]
+
+
+def test_the_provider_calls_only_what_the_role_grants():
+    """The stand-in API server records every request a full cycle makes:
+    launch, observe, drain, stop, preflight. Each maps to a granted verb."""
+    from clusters.providers.base import Placement
+    from clusters.providers.kubernetes import KubernetesProvider, KubeSettings
+    from tests.clusters.test_kubernetes_manifests import make_pool, make_request
+    from tests.support import k8s_standin as st
+
+    verbs = {"POST": "create", "DELETE": "delete", "PATCH": "patch"}
+    with st.K8sStandIn() as standin:
+        provider = KubernetesProvider(standin.api_client(), KubeSettings(preflight="dcgm-labels"))
+        standin.put(st.NODES, st.node("ip-10-0-0-1"))
+        ref = provider.launch(make_request())
+        standin.put(st.namespaced("regatta-training", "pods"),
+                    st.pod("job-7-a2", "Master", 0, node_name="ip-10-0-0-1", phase="Failed",
+                           exit_code=1))
+        provider.observe(ref)
+        provider.drain(make_pool(), "ip-10-0-0-1")
+        provider.health_signals(make_pool())
+        provider.preflight(make_pool(), (Placement("ip-10-0-0-1", 0),))
+        provider.stop(ref)
+        provider.launch(make_request())
+        provider.launch(make_request())  # a relaunch replaces its secret
+    granted = set()
+    for doc in objects().values():
+        if doc["kind"] in ("Role", "ClusterRole"):
+            for rule in doc["rules"]:
+                granted |= {(rule["resources"][0], v) for v in rule["verbs"]}
+    for call in standin.requests:
+        parts = call.path.strip("/").split("/")
+        resource = parts[-1] if call.method in ("GET", "POST") and parts[-1] in (
+            "nodes", "pods", "secrets", "pytorchjobs") else None
+        if parts[-1] in ("eviction", "log"):
+            resource = f"pods/{parts[-1]}"
+        elif resource is None:
+            resource = parts[-2]
+        verb = verbs.get(call.method) or (
+            "watch" if call.query.get("watch") else "list" if resource == parts[-1] else "get")
+        assert (resource, verb) in granted, (call.method, call.path)

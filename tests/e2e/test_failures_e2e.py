@@ -1,0 +1,100 @@
+"""Failure handling on real torchrun processes: a hung rank, a code error,
+a spot notice and a node that fails its preflight check."""
+
+import pytest
+
+from checkpoints.models import Checkpoint
+from clusters.models import Node, NodeHealthEvent
+from clusters.providers import pool_info
+from jobs.models import Phase
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+def refreshed(obj):
+    obj.refresh_from_db()
+    return obj
+
+
+def running(job, number=1, min_step=1):
+    def check():
+        attempt = job.attempts.filter(number=number, state="running").first()
+        return attempt if attempt and attempt.last_step >= min_step else None
+    return check
+
+
+def cancel_and_wait(fleet, job):
+    job.request_cancel("test")
+    from jobs import tasks
+
+    tasks.reconcile_job.delay(job.id)
+    fleet.wait("the job cancelled", lambda: refreshed(job).phase == Phase.CANCELLED, job=job,
+               timeout=60)
+
+
+@pytest.mark.timeout(240)
+def test_a_hung_rank_is_found_by_its_missed_heartbeats(fleet):
+    cluster = fleet.cluster(heartbeat_deadline_s=4.0)
+    job = fleet.submit(cluster, max_steps=400, step_sleep_s=0.1)
+    attempt = fleet.wait("attempt 1 running", running(job, 1, 3), job=job)
+    node = attempt.placements.get(node_rank=1).node
+    fleet.provider(cluster).inject_fault(pool_info(node.pool), node.name, "hang")
+    fleet.wait("attempt 2 running", running(job, 2), job=job, timeout=150)
+    attempt.refresh_from_db()
+    assert attempt.failure_class == "hang"
+    assert refreshed(node).state == Node.State.REPLACED
+    assert node.health_events.filter(kind="missed_heartbeat").exists()
+    failed = job.events.get(kind="NodeFailed")
+    assert failed.evidence["node"] == node.name
+    assert [s["rank"] for s in failed.evidence["silent"]] == [1]
+    assert job.goodput.get(category="hang").seconds >= 4.0
+    cancel_and_wait(fleet, job)
+
+
+@pytest.mark.timeout(180)
+def test_a_code_error_fails_fast_without_spending_the_hardware_budget(fleet):
+    cluster = fleet.cluster()
+    job = fleet.submit(cluster, max_steps=50, fail_at_step=3)
+    fleet.wait("the job failed", lambda: refreshed(job).phase == Phase.FAILED, job=job)
+    assert job.restart_counts == {"code": 1}
+    assert "'code' restart budget" in job.last_error
+    assert job.attempts.count() == 1
+    assert job.attempts.get().failure_class == "code"
+    assert not Node.objects.filter(cluster=cluster).exclude(state="ready").exists()
+
+
+@pytest.mark.timeout(240)
+def test_a_spot_notice_leaves_an_emergency_checkpoint_before_the_drain(fleet):
+    cluster = fleet.cluster(spot_checkpoint_wait_s=60.0)
+    job = fleet.submit(cluster, max_steps=400, step_sleep_s=0.1)
+    attempt = fleet.wait("attempt 1 running", running(job, 1, 3), job=job)
+    node = attempt.placements.get(node_rank=0).node
+    fleet.provider(cluster).inject_fault(pool_info(node.pool), node.name, "spot_notice")
+    second = fleet.wait("attempt 2 running", running(job, 2), job=job, timeout=150)
+    attempt.refresh_from_db()
+    emergency = Checkpoint.objects.get(job=job, request_id=attempt.checkpoint_request_id)
+    # Ranks train on until they are stopped, so a periodic save may land after
+    # the emergency one; the resume takes the newest verified, never an older one.
+    assert second.resume_step >= emergency.step
+    kinds = list(job.events.values_list("kind", flat=True))
+    assert kinds.index("EmergencyCheckpointRequested") < kinds.index(
+        "EmergencyCheckpointCommitted") < kinds.index("NodeDrained") < kinds.index("Restarting")
+    assert NodeHealthEvent.objects.get(node=node, kind="spot_notice").handled_at is not None
+    assert refreshed(node).state == Node.State.REPLACED
+    assert refreshed(job).restart_counts == {"preempted": 1}
+    cancel_and_wait(fleet, job)
+
+
+@pytest.mark.timeout(240)
+def test_a_node_that_fails_its_preflight_check_is_cordoned_and_the_job_starts_on_another(fleet):
+    cluster = fleet.cluster(preflight=True)
+    bad = Node.objects.filter(cluster=cluster, is_spare=False).order_by("name").first()
+    fleet.provider(cluster).inject_fault(pool_info(bad.pool), bad.name, "preflight_fail")
+    job = fleet.submit(cluster, max_steps=400, step_sleep_s=0.1)
+    attempt = fleet.wait("attempt 1 running", running(job, 1), job=job, timeout=150)
+    assert refreshed(bad).state == Node.State.CORDONED
+    assert bad.health_events.get(kind="nccl_test").severity == "critical"
+    assert bad.name not in set(attempt.placements.values_list("node__name", flat=True))
+    assert attempt.preflight["ok"] is True
+    assert job.events.filter(kind="PreflightFailed").exists()
+    cancel_and_wait(fleet, job)

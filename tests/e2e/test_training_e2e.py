@@ -1,0 +1,75 @@
+"""A 2-node job trains to completion on real torchrun processes, reporting
+over real HTTP; a rank killed twice mid-run is recovered with no person in
+the loop and the run ends bitwise equal to an uninterrupted one."""
+
+import pytest
+import torch
+
+from checkpoints.models import ModelArtifact
+from clusters.models import Node
+from jobs.models import JobAttempt, JobEvent, Phase
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+def phase(job):
+    job.refresh_from_db()
+    return job.phase
+
+
+def running_attempt(job, number, min_step):
+    def check():
+        attempt = job.attempts.filter(number=number, state="running").first()
+        return attempt if attempt and attempt.last_step >= min_step else None
+    return check
+
+
+@pytest.mark.timeout(400)
+def test_a_two_node_job_survives_two_killed_ranks_and_ends_bitwise_equal_to_an_uninterrupted_run(
+        fleet):
+    cluster = fleet.cluster(size=4, spares=1)
+    steady = fleet.submit(cluster, name="steady", max_steps=30, step_sleep_s=0.15)
+    killed = fleet.submit(cluster, name="killed", max_steps=30, step_sleep_s=0.15)
+    provider = fleet.provider(cluster)
+
+    first = fleet.wait("attempt 1 past step 7", running_attempt(killed, 1, 7), job=killed)
+    victim_1 = first.placements.get(node_rank=1).node
+    provider.kill_rank(first.provider_ref, rank=1)
+    second = fleet.wait("attempt 2 past step 17", running_attempt(killed, 2, 17), timeout=180,
+                        job=killed)
+    victim_2 = second.placements.get(node_rank=1).node
+    provider.kill_rank(second.provider_ref, rank=1)
+
+    fleet.wait("both jobs succeeded",
+               lambda: phase(steady) == Phase.SUCCEEDED and phase(killed) == Phase.SUCCEEDED,
+               timeout=240, job=killed if phase(steady) == Phase.SUCCEEDED else steady)
+
+    # The uninterrupted run: model exported, nodes released.
+    a = ModelArtifact.objects.get(job=steady)
+    assert a.sha256 and a.bytes > 0
+    assert not JobAttempt.objects.filter(job=steady).exclude(state="succeeded").exists()
+    assert JobEvent.objects.filter(job=steady, kind="NodesReleased").exists()
+    # The killed run recovered by itself, twice, on replaced nodes.
+    assert killed.attempts.count() == 3
+    assert killed.restart_counts == {"hardware": 2}
+    for victim in (victim_1, victim_2):
+        victim.refresh_from_db()
+        assert victim.state == Node.State.REPLACED
+        assert Node.objects.get(replaces=victim).is_spare is False
+    kinds = list(killed.events.values_list("kind", flat=True))
+    first_failure = kinds.index("NodeFailed")
+    assert kinds[first_failure:first_failure + 4] == [
+        "NodeFailed", "NodeCordoned", "NodeReplaced", "Restarting"]
+    resumed = list(killed.events.filter(kind="ResumedFromCheckpoint").order_by("id"))
+    assert len(resumed) == 2
+    assert resumed[0].evidence["step"] >= 5 and resumed[1].evidence["step"] >= 15
+    assert killed.attempts.get(number=3).resume_step == resumed[1].evidence["step"]
+    # Bitwise: the same weights as the run nobody touched.
+    b = ModelArtifact.objects.get(job=killed)
+    mine = torch.load(b.uri, weights_only=False)
+    theirs = torch.load(a.uri, weights_only=False)
+    assert mine.keys() == theirs.keys()
+    for key in theirs:
+        assert torch.equal(mine[key], theirs[key]), key
+    assert killed.goodput.filter(category="rollback").exists()
+    assert killed.goodput.filter(category="restart").count() == 2

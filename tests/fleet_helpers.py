@@ -1,0 +1,100 @@
+"""Helpers for the fleet tests: a cluster on the in-memory provider, and
+real checkpoint folders (DCP shards, manifest, commit marker) written the way
+the trainer writes them, so verification and export run for real."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from django.utils import timezone
+
+from checkpoints.models import Checkpoint
+from checkpoints.verification import job_checkpoint_uri
+from clusters.models import Cluster, Node, NodePool
+from clusters.providers import memory, pool_info
+from clusters.reconcile import reconcile_cluster
+from jobs.models import JobAttempt, Quota, RankStatus, Team, TrainingJob
+
+
+def memory_cluster(name="mem-a", size=4, spares=1, gpus_per_node=2, **settings) -> Cluster:
+    cluster = Cluster.objects.create(
+        name=name, provider=Cluster.Provider.MEMORY,
+        settings={"observe_interval_s": 1.0, "heartbeat_deadline_s": 30.0, **settings},
+    )
+    pool = NodePool.objects.create(cluster=cluster, name="gpu", gpus_per_node=gpus_per_node,
+                                   size=size, spare_count=spares)
+    provider = memory.MemoryProvider(cluster.name)
+    provider.add_nodes(pool_info(pool), size + spares)
+    reconcile_cluster(cluster.id, timezone.now())
+    return cluster
+
+
+def provider_of(cluster) -> memory.MemoryProvider:
+    return memory.MemoryProvider(cluster.name)
+
+
+def team_with_quota(cluster, name="vision", gpus=8, **kw) -> Team:
+    team, _ = Team.objects.get_or_create(name=name)
+    Quota.objects.create(team=team, cluster=cluster, gpus=gpus, **kw)
+    return team
+
+
+def submit(cluster, team, name="train", nodes=2, gpus=2, **kw) -> TrainingJob:
+    kw.setdefault("hyperparameters", {"model": "nano", "max_steps": 20})
+    return TrainingJob.objects.create(name=name, team=team, cluster=cluster, num_nodes=nodes,
+                                      gpus_per_node=gpus, **kw)
+
+
+def write_checkpoint(job, step, attempt=None, *, blocking_s=0.05, request_id="",
+                     emergency=False, created_at=None, weight=None) -> Checkpoint:
+    """A committed step-N folder (real DCP save of a tiny model) and its row,
+    as the trainer and the worker API would leave them."""
+    from trainer import manifest as mf
+
+    root = Path(job_checkpoint_uri(job)) / f"step-{step}"
+    root.mkdir(parents=True, exist_ok=True)
+    w = weight if weight is not None else torch.full((2, 2), float(step))
+    dcp.save({"model": {"w": w}, "optim": {"lr": torch.tensor(0.1)}}, checkpoint_id=str(root))
+    (root / "config.json").write_text(json.dumps({"model": "nano"}))
+    rels = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    manifest = mf.build_manifest(step, mf.hash_local_files(root, rels))
+    (root / mf.MANIFEST).write_bytes(manifest)
+    (root / mf.MARKER).write_bytes(mf.marker_for(manifest))
+    return Checkpoint.objects.create(
+        job=job, attempt=attempt, step=step, uri=f"file://{root}", bytes=1,
+        manifest_sha256=mf.sha256_bytes(manifest), blocking_seconds=blocking_s,
+        save_seconds=blocking_s * 4, request_id=request_id, emergency=emergency,
+        created_at=created_at or timezone.now(),
+    )
+
+
+def heartbeat(attempt: JobAttempt, step: int, at, *, ranks=None, step_time_s=0.2) -> None:
+    """What the worker heartbeat endpoint records for each rank."""
+    job = attempt.job
+    placements = {p.node_rank: p.node.name for p in attempt.placements.select_related("node")}
+    for rank in ranks if ranks is not None else range(job.world_size):
+        RankStatus.objects.update_or_create(
+            attempt=attempt, rank=rank,
+            defaults={"node_name": placements[rank // job.gpus_per_node], "step": step,
+                      "step_time_s": step_time_s, "last_heartbeat_at": at},
+        )
+    JobAttempt.objects.filter(pk=attempt.pk).update(
+        last_heartbeat_at=at, last_step=step,
+    )
+    JobAttempt.objects.filter(pk=attempt.pk, first_step_at=None).update(first_step_at=at)
+
+
+def later(now, seconds):
+    return now + timedelta(seconds=seconds)
+
+
+def nodes_of(attempt) -> list[Node]:
+    return [p.node for p in attempt.placements.select_related("node").order_by("node_rank")]
+
+
+def kinds(job) -> list[str]:
+    return list(job.events.values_list("kind", flat=True))

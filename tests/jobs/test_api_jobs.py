@@ -1,0 +1,162 @@
+"""Reading and acting on jobs: scoping, filters, pagination, cancel,
+checkpoint-now and restart."""
+
+import pytest
+
+from jobs.models import JobAttempt, JobEvent, TrainingJob
+from tests.api_factories import make_attempt, make_checkpoint, make_job
+
+
+@pytest.fixture
+def jobs(team, other_team, cluster, owner, outsider):
+    mine = [make_job(team, cluster, owner, name=f"mine-{i}") for i in range(3)]
+    theirs = make_job(other_team, cluster, outsider, name="theirs")
+    return mine, theirs
+
+
+class TestList:
+    def test_a_member_sees_only_the_teams_jobs_newest_first(self, api, teammate, jobs):
+        mine, _ = jobs
+        resp = api(teammate).get("/api/v1/jobs/")
+        assert resp.status_code == 200
+        assert [j["id"] for j in resp.data["results"]] == [j.pk for j in reversed(mine)]
+        assert resp.data["count"] == 3
+
+    def test_an_operator_sees_every_job(self, api, operator, jobs):
+        assert api(operator).get("/api/v1/jobs/").data["count"] == 4
+
+    def test_it_filters_by_team_phase_and_cluster(self, api, operator, jobs):
+        mine, theirs = jobs
+        TrainingJob.objects.filter(pk=mine[0].pk).update(phase="running")
+        client = api(operator)
+        assert [j["id"] for j in client.get("/api/v1/jobs/?team=speech").data["results"]] == [
+            theirs.pk]
+        assert [j["id"] for j in client.get("/api/v1/jobs/?phase=running").data["results"]] == [
+            mine[0].pk]
+        assert client.get("/api/v1/jobs/?cluster=cpu-a").data["count"] == 4
+        assert client.get("/api/v1/jobs/?cluster=elsewhere").data["count"] == 0
+        assert client.get("/api/v1/jobs/?phase=dancing").status_code == 400
+
+    def test_a_member_filtering_by_another_team_sees_nothing(self, api, owner, jobs):
+        assert api(owner).get("/api/v1/jobs/?team=speech").data["count"] == 0
+
+    def test_it_paginates_with_limit_and_offset(self, api, owner, jobs):
+        mine, _ = jobs
+        page = api(owner).get("/api/v1/jobs/?limit=2&offset=1").data
+        assert page["count"] == 3
+        assert [j["id"] for j in page["results"]] == [mine[1].pk, mine[0].pk]
+        assert page["next"] is None and page["previous"] is not None
+
+
+class TestDetail:
+    def test_it_shows_spec_and_status(self, api, owner, jobs):
+        job = jobs[0][0]
+        data = api(owner).get(f"/api/v1/jobs/{job.pk}/").data
+        for key in ("phase", "pending_reason", "conditions", "current_step", "progress",
+                    "last_error", "restart_counts", "checkpoint_interval_steps",
+                    "checkpoint_interval_inputs", "observed_generation", "generation",
+                    "created_at", "admitted_at", "started_at", "finished_at", "world_size",
+                    "hyperparameters", "restart_budgets", "url", "team", "cluster", "pool"):
+            assert key in data
+        assert (data["team"], data["cluster"], data["pool"], data["world_size"]) == (
+            "vision", "cpu-a", "default", 2)
+
+    def test_an_outsider_gets_404_for_another_teams_job(self, api, outsider, jobs):
+        job = jobs[0][0]
+        assert api(outsider).get(f"/api/v1/jobs/{job.pk}/").status_code == 404
+        assert api(outsider).get("/api/v1/jobs/999999/").status_code == 404
+
+
+class TestCancel:
+    def test_a_pending_job_is_cancelled_at_once(self, api, teammate, jobs):
+        job = jobs[0][0]
+        resp = api(teammate).post(f"/api/v1/jobs/{job.pk}/cancel/")
+        assert resp.status_code == 200 and resp.data["phase"] == "cancelled"
+        job.refresh_from_db()
+        assert job.phase == "cancelled" and job.cancel_requested_at is not None
+        kinds = list(JobEvent.objects.filter(job=job).values_list("kind", "actor"))
+        assert kinds == [("CancelRequested", "user:tom"), ("Cancelled", "user:tom")]
+
+    def test_a_repeated_cancel_is_200_with_no_new_event(self, api, owner, jobs):
+        job = jobs[0][0]
+        TrainingJob.objects.filter(pk=job.pk).update(phase="running")
+        client = api(owner)
+        first = client.post(f"/api/v1/jobs/{job.pk}/cancel/")
+        events = JobEvent.objects.filter(job=job).count()
+        second = client.post(f"/api/v1/jobs/{job.pk}/cancel/")
+        assert first.status_code == second.status_code == 200
+        assert JobEvent.objects.filter(job=job).count() == events == 1
+        job.refresh_from_db()
+        # A running job keeps running until the reconciler stops its ranks.
+        assert job.phase == "running" and job.cancel_requested_at is not None
+
+    @pytest.mark.parametrize("phase", ["succeeded", "failed"])
+    def test_cancelling_an_ended_job_is_409(self, api, owner, jobs, phase):
+        job = jobs[0][0]
+        TrainingJob.objects.filter(pk=job.pk).update(phase=phase)
+        resp = api(owner).post(f"/api/v1/jobs/{job.pk}/cancel/")
+        assert resp.status_code == 409
+        assert resp.data["current"] == phase
+        assert not JobEvent.objects.filter(job=job).exists()
+
+    def test_an_outsider_cannot_cancel(self, api, outsider, jobs):
+        job = jobs[0][0]
+        assert api(outsider).post(f"/api/v1/jobs/{job.pk}/cancel/").status_code == 404
+        job.refresh_from_db()
+        assert job.cancel_requested_at is None
+
+
+class TestCheckpointNow:
+    def test_it_asks_the_running_attempt(self, api, owner, jobs):
+        job = jobs[0][0]
+        attempt, _ = make_attempt(job)
+        resp = api(owner).post(f"/api/v1/jobs/{job.pk}/checkpoint/")
+        assert resp.status_code == 202
+        attempt.refresh_from_db()
+        assert attempt.checkpoint_request_id == resp.data["request_id"]
+        assert JobEvent.objects.get(job=job).kind == "CheckpointRequested"
+        again = api(owner).post(f"/api/v1/jobs/{job.pk}/checkpoint/")
+        assert again.data["request_id"] != resp.data["request_id"]
+
+    def test_it_is_409_when_no_attempt_runs(self, api, owner, jobs):
+        job = jobs[0][0]
+        make_attempt(job, state=JobAttempt.State.FAILED)
+        assert api(owner).post(f"/api/v1/jobs/{job.pk}/checkpoint/").status_code == 409
+        assert not JobEvent.objects.filter(job=job).exists()
+
+
+class TestRestart:
+    def test_it_restarts_from_a_committed_step(self, api, owner, jobs,
+                                                django_capture_on_commit_callbacks):
+        job = jobs[0][0]
+        TrainingJob.objects.filter(pk=job.pk).update(phase="running")
+        make_checkpoint(job, 100)
+        with django_capture_on_commit_callbacks() as callbacks:
+            resp = api(owner).post(f"/api/v1/jobs/{job.pk}/restart/", {"from_step": 100},
+                                   format="json")
+        assert resp.status_code == 200, resp.content
+        job.refresh_from_db()
+        assert (job.restart_from_step, job.generation) == (100, 2)
+        event = JobEvent.objects.get(job=job)
+        assert (event.kind, event.evidence) == ("RestartRequested", {"from_step": 100})
+        assert len(callbacks) == 1
+
+    @pytest.mark.parametrize("body", [{"from_step": 150}, {"from_step": 50}, {"from_step": "100"},
+                                      {}, {"from_step": 100, "force": True}])
+    def test_it_refuses_a_step_without_a_loadable_checkpoint(self, api, owner, jobs, body):
+        job = jobs[0][0]
+        make_checkpoint(job, 100)
+        make_checkpoint(job, 50, state="corrupt")
+        resp = api(owner).post(f"/api/v1/jobs/{job.pk}/restart/", body, format="json")
+        assert resp.status_code == 400
+        job.refresh_from_db()
+        assert (job.restart_from_step, job.generation) == (None, 1)
+
+    def test_an_ended_job_cannot_restart(self, api, owner, jobs):
+        job = jobs[0][0]
+        make_checkpoint(job, 100)
+        TrainingJob.objects.filter(pk=job.pk).update(phase="succeeded")
+        resp = api(owner).post(f"/api/v1/jobs/{job.pk}/restart/", {"from_step": 100},
+                               format="json")
+        assert resp.status_code == 409
+        assert not JobEvent.objects.filter(job=job).exists()

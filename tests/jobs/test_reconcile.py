@@ -1,0 +1,170 @@
+"""The job reconciler's state machine on the in-memory provider (no process
+can be started in these unit tests; tests/e2e runs the same paths with torchrun)."""
+
+import json
+
+import pytest
+from django.utils import timezone
+
+from checkpoints.models import ModelArtifact
+from clusters.models import Node
+from jobs.models import AttemptNode, GoodputEntry, JobAttempt, JobEvent, Phase
+from jobs.reconcile import reconcile_job
+from tests.fleet_helpers import (
+    heartbeat,
+    kinds,
+    later,
+    memory_cluster,
+    provider_of,
+    submit,
+    team_with_quota,
+    write_checkpoint,
+)
+
+pytestmark = pytest.mark.usefixtures("fleet_dirs")
+
+
+@pytest.fixture
+def cluster(db):
+    return memory_cluster()
+
+
+@pytest.fixture
+def team(cluster):
+    return team_with_quota(cluster)
+
+
+def launch(job, now):
+    reconcile_job(job.id, now)
+    job.refresh_from_db()
+    return job.attempts.get()
+
+
+def test_it_takes_a_job_from_pending_to_starting_with_a_launched_gang(cluster, team):
+    job = submit(cluster, team, hyperparameters={"model": "nano", "max_steps": 20, "lr": 0.01})
+    now = timezone.now()
+    attempt = launch(job, now)
+    assert job.phase == Phase.STARTING
+    assert attempt.state == JobAttempt.State.STARTING
+    assert attempt.preflight["ok"] is True
+    assert AttemptNode.objects.filter(attempt=attempt).count() == 2
+    request = provider_of(cluster).attempt(attempt.provider_ref).request
+    env = request.env
+    assert env["REGATTA_JOB_ID"] == str(job.id)
+    assert env["REGATTA_ATTEMPT_ID"] == str(attempt.id)
+    assert env["REGATTA_RESUME_STEP"] == "none"
+    assert env["REGATTA_CHECKPOINT_URI"].endswith(f"job-{job.id}")
+    assert json.loads(env["REGATTA_CONFIG"]) == {
+        "model": "nano", "max_steps": 20, "lr": 0.01, "strategy": "ddp",
+        "checkpoint_every_steps": 100, "keep_last": 3,
+    }
+    # Only the token's hash is kept.
+    from jobs.models import hash_token
+
+    assert attempt.token_hash == hash_token(env["REGATTA_TOKEN"])
+    assert kinds(job) == ["Queued", "Admitted", "PreflightPassed", "Launched"]
+
+
+def test_it_moves_to_running_on_the_first_heartbeat_with_a_step(cluster, team):
+    job = submit(cluster, team)
+    now = timezone.now()
+    attempt = launch(job, now)
+    reconcile_job(job.id, later(now, 1))
+    job.refresh_from_db()
+    assert job.phase == Phase.STARTING
+    heartbeat(attempt, 3, later(now, 2))
+    reconcile_job(job.id, later(now, 2))
+    job.refresh_from_db()
+    attempt.refresh_from_db()
+    assert job.phase == Phase.RUNNING
+    assert job.current_step == 3
+    assert attempt.state == JobAttempt.State.RUNNING
+
+
+def test_running_it_twice_changes_nothing_more_than_once(cluster, team):
+    job = submit(cluster, team)
+    now = timezone.now()
+    reconcile_job(job.id, now)
+    reconcile_job(job.id, now)
+    assert job.attempts.count() == 1
+    assert len(provider_of(cluster).fleet.attempts) == 1
+    events = JobEvent.objects.filter(job=job).count()
+    reconcile_job(job.id, now)
+    assert JobEvent.objects.filter(job=job).count() == events
+
+
+def test_it_finishes_a_job_exports_the_model_and_releases_the_nodes(cluster, team):
+    job = submit(cluster, team)
+    now = timezone.now()
+    attempt = launch(job, now)
+    heartbeat(attempt, 1, later(now, 1))
+    reconcile_job(job.id, later(now, 1))
+    write_checkpoint(job, 20, attempt, created_at=later(now, 9))
+    heartbeat(attempt, 20, later(now, 9))
+    provider_of(cluster).finish(attempt.provider_ref)
+    reconcile_job(job.id, later(now, 10))
+    job.refresh_from_db()
+    assert job.phase == Phase.SUCCEEDED
+    assert job.current_step == 20
+    artifact = ModelArtifact.objects.get(job=job)
+    import torch
+
+    weights = torch.load(artifact.uri, weights_only=False)
+    assert torch.equal(weights["w"], torch.full((2, 2), 20.0))
+    assert artifact.sha256 and artifact.bytes > 0
+    assert kinds(job)[-3:] == ["ModelExported", "Succeeded", "NodesReleased"]
+    assert not AttemptNode.objects.exclude(attempt__state__in=JobAttempt.ENDED).exists()
+    # First step at +1 s, end at +10 s, less the checkpoint's 0.05 s stall.
+    assert GoodputEntry.objects.get(job=job, category="productive").seconds == pytest.approx(8.95)
+    assert GoodputEntry.objects.get(job=job, category="checkpoint").seconds == pytest.approx(0.05)
+
+
+def test_a_cancel_stops_the_ranks_and_releases_the_nodes(cluster, team):
+    job = submit(cluster, team)
+    now = timezone.now()
+    attempt = launch(job, now)
+    job.request_cancel("olivia", now=later(now, 1))
+    reconcile_job(job.id, later(now, 2))
+    job.refresh_from_db()
+    attempt.refresh_from_db()
+    assert job.phase == Phase.CANCELLED
+    assert attempt.state == JobAttempt.State.STOPPED
+    assert ("stop", attempt.provider_ref["name"]) in provider_of(cluster).fleet.calls
+    assert kinds(job)[-2:] == ["Cancelled", "NodesReleased"]
+
+
+def test_a_node_that_fails_preflight_is_cordoned_and_the_job_starts_on_another(cluster, team):
+    free = list(Node.objects.filter(cluster=cluster, is_spare=False).order_by("name"))
+    provider_of(cluster).fail_preflight(free[0].name)
+    job = submit(cluster, team)
+    attempt = launch(job, timezone.now())
+    bad = Node.objects.get(pk=free[0].pk)
+    assert bad.state == Node.State.CORDONED
+    assert bad.health_events.get().kind == "nccl_test"
+    assert bad.events.filter(to_state="cordoned").exists()
+    used = {p.node.name for p in attempt.placements.select_related("node")}
+    assert bad.name not in used and len(used) == 2
+    assert job.phase == Phase.STARTING
+    assert "PreflightFailed" in kinds(job) and "NodeSwapped" in kinds(job)
+
+
+def test_a_job_goes_back_to_the_queue_when_no_node_can_replace_a_failed_preflight(db):
+    cluster = memory_cluster(name="mem-small", size=2, spares=0)
+    team = team_with_quota(cluster)
+    for node in Node.objects.filter(cluster=cluster):
+        provider_of(cluster).fail_preflight(node.name)
+    job = submit(cluster, team)
+    reconcile_job(job.id, timezone.now())
+    job.refresh_from_db()
+    assert job.phase == Phase.QUEUED
+    assert job.pending_reason.startswith("preflight failed on")
+    assert job.attempts.get().state == JobAttempt.State.FAILED
+
+
+def test_preflight_is_skipped_when_the_cluster_turns_it_off(db):
+    cluster = memory_cluster(name="mem-nopf", preflight=False)
+    team = team_with_quota(cluster)
+    job = submit(cluster, team)
+    attempt = launch(job, timezone.now())
+    assert attempt.preflight == {}
+    assert not [c for c in provider_of(cluster).fleet.calls if c[0] == "preflight"]

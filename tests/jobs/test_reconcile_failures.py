@@ -1,0 +1,296 @@
+"""Failure detection, classification, budgets and recovery on the in-memory provider."""
+
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+from checkpoints.models import Checkpoint
+from clusters.models import Node, NodeHealthEvent
+from jobs.models import GoodputEntry, JobAttempt, JobEvent, Phase
+from jobs.reconcile import reconcile_job
+from tests.fleet_helpers import (
+    heartbeat,
+    kinds,
+    later,
+    memory_cluster,
+    nodes_of,
+    provider_of,
+    submit,
+    team_with_quota,
+    write_checkpoint,
+)
+
+pytestmark = pytest.mark.usefixtures("fleet_dirs")
+
+
+@pytest.fixture
+def cluster(db):
+    return memory_cluster(heartbeat_deadline_s=10.0, spot_checkpoint_wait_s=30.0)
+
+
+@pytest.fixture
+def team(cluster):
+    return team_with_quota(cluster)
+
+
+def running_job(cluster, team, now, **kw):
+    job = submit(cluster, team, **kw)
+    reconcile_job(job.id, now)
+    attempt = job.attempts.get()
+    heartbeat(attempt, 5, later(now, 1))
+    reconcile_job(job.id, later(now, 1))
+    job.refresh_from_db()
+    assert job.phase == Phase.RUNNING
+    return job, attempt
+
+
+def test_it_replaces_a_node_whose_ranks_were_killed_and_resumes_from_the_checkpoint(
+        cluster, team):
+    now = timezone.now()
+    job, attempt = running_job(cluster, team, now)
+    write_checkpoint(job, 10, attempt, created_at=later(now, 5))
+    heartbeat(attempt, 14, later(now, 8))
+    bad, good = nodes_of(attempt)
+    provider = provider_of(cluster)
+    provider.exit_node(attempt.provider_ref, bad.name, exit_code=1, signal=9, log_tail="Killed")
+    provider.exit_node(attempt.provider_ref, good.name, exit_code=1,
+                       ranks=({"rank": 2, "exit_code": 84, "failure_class": "transient"},
+                              {"rank": 3, "exit_code": 84, "failure_class": "transient"}))
+    reconcile_job(job.id, later(now, 10))
+    job.refresh_from_db()
+    attempt.refresh_from_db()
+    bad.refresh_from_db()
+    # One hardware failure of the killed node; the peers' 84 is collateral.
+    assert attempt.failure_class == "hardware"
+    assert job.restart_counts == {"hardware": 1}
+    assert bad.state == Node.State.REPLACED
+    assert bad.failure_count == 1
+    spare = Node.objects.get(replaces=bad)
+    assert spare.is_spare is False
+    failed = JobEvent.objects.get(job=job, kind="NodeFailed")
+    assert failed.evidence["node"] == bad.name and failed.evidence["signal"] == 9
+    assert failed.evidence["log_tail"] == "Killed"
+    replaced = JobEvent.objects.get(job=job, kind="NodeReplaced")
+    assert replaced.evidence["old"] == bad.name and replaced.evidence["new"] == spare.name
+    # The provider brought a new spare up in the retired node's place.
+    assert Node.objects.filter(cluster=cluster, is_spare=True, state="ready").count() == 1
+    assert job.phase == Phase.STARTING  # relaunched in the same pass
+    second = job.attempts.get(number=2)
+    assert {n.name for n in nodes_of(second)} == {good.name, spare.name}
+    assert second.resume_step == 10
+    resumed = JobEvent.objects.get(job=job, kind="ResumedFromCheckpoint")
+    assert resumed.evidence["step"] == 10 and resumed.evidence["steps_lost"] == 4
+    assert resumed.evidence["seconds_lost"] == pytest.approx(5.0)
+    env = provider.attempt(second.provider_ref).request.env
+    assert env["REGATTA_RESUME_STEP"] == "10"
+    assert kinds(job)[-7:] == ["NodeFailed", "NodeCordoned", "NodeReplaced", "Restarting",
+                               "PreflightPassed", "Launched", "ResumedFromCheckpoint"]
+    rollback = GoodputEntry.objects.get(job=job, category="rollback")
+    assert rollback.seconds == pytest.approx(5.0)
+    assert rollback.gpu_seconds == pytest.approx(5.0 * job.gpus)
+
+
+def test_a_code_error_fails_fast_without_spending_the_hardware_budget(cluster, team):
+    now = timezone.now()
+    job, attempt = running_job(cluster, team, now)
+    node = nodes_of(attempt)[0]
+    provider_of(cluster).exit_node(
+        attempt.provider_ref, node.name, exit_code=1,
+        ranks=({"rank": 0, "exit_code": 1, "failure_class": "code",
+                "error": "ValueError: fail_at_step=3"},))
+    reconcile_job(job.id, later(now, 2))
+    job.refresh_from_db()
+    node.refresh_from_db()
+    assert job.phase == Phase.FAILED
+    assert "'code' restart budget" in job.last_error and "fail_at_step=3" in job.last_error
+    assert job.restart_counts == {"code": 1}
+    assert node.state == Node.State.READY  # the node did nothing wrong
+    assert job.attempts.count() == 1
+
+
+def test_a_transient_failure_retries_with_backoff_on_the_same_nodes(cluster, team):
+    now = timezone.now()
+    job, attempt = running_job(cluster, team, now)
+    first_nodes = {n.name for n in nodes_of(attempt)}
+    provider = provider_of(cluster)
+    for node in first_nodes:
+        provider.exit_node(attempt.provider_ref, node, exit_code=1,
+                           ranks=({"rank": 0, "exit_code": 84}, {"rank": 1, "exit_code": 84}))
+    reconcile_job(job.id, later(now, 2))
+    job.refresh_from_db()
+    assert job.phase == Phase.RESTARTING
+    assert job.restart_counts == {"transient": 1}
+    reconcile_job(job.id, later(now, 3))  # inside the 2 s backoff
+    assert job.attempts.count() == 1
+    reconcile_job(job.id, later(now, 4.5))
+    job.refresh_from_db()
+    assert job.phase == Phase.STARTING
+    assert {n.name for n in nodes_of(job.attempts.get(number=2))} == first_nodes
+    assert not Node.objects.filter(cluster=cluster, state="cordoned").exists()
+
+
+def test_a_transient_exit_waits_for_the_root_cause_before_it_is_classified(cluster, team):
+    now = timezone.now()
+    job, attempt = running_job(cluster, team, now)
+    bad, good = nodes_of(attempt)
+    provider = provider_of(cluster)
+    provider.exit_node(attempt.provider_ref, good.name, exit_code=1,
+                       ranks=({"rank": 2, "exit_code": 84}, {"rank": 3, "exit_code": 84}))
+    reconcile_job(job.id, later(now, 2))
+    job.refresh_from_db()
+    assert job.phase == Phase.RUNNING  # the killed node's launcher has not reported yet
+    provider.exit_node(attempt.provider_ref, bad.name, signal=9)
+    reconcile_job(job.id, later(now, 3))
+    job.refresh_from_db()
+    assert job.restart_counts == {"hardware": 1}
+
+
+def test_a_rank_without_an_exit_record_beside_its_peers_84_was_killed(cluster, team):
+    now = timezone.now()
+    job, attempt = running_job(cluster, team, now)
+    bad, good = nodes_of(attempt)
+    provider = provider_of(cluster)
+    # torchrun on `bad` exits 1: rank 1 was SIGKILLed (no record), rank 0 saw its peer go.
+    provider.exit_node(attempt.provider_ref, bad.name, exit_code=1,
+                       ranks=({"rank": 0, "exit_code": 84},))
+    provider.exit_node(attempt.provider_ref, good.name, exit_code=1,
+                       ranks=({"rank": 2, "exit_code": 84}, {"rank": 3, "exit_code": 84}))
+    reconcile_job(job.id, later(now, 2))
+    job.refresh_from_db()
+    bad.refresh_from_db()
+    good.refresh_from_db()
+    assert job.restart_counts == {"hardware": 1}
+    assert bad.state == Node.State.REPLACED and good.state == Node.State.READY
+
+
+def test_a_spent_budget_fails_the_job_and_says_which_budget(cluster, team):
+    now = timezone.now()
+    job, attempt = running_job(cluster, team, now,
+                               restart_budgets={"hardware": 0, "code": 0, "transient": 3,
+                                                "preempted": 3, "hang": 1})
+    bad = nodes_of(attempt)[0]
+    provider_of(cluster).exit_node(attempt.provider_ref, bad.name, signal=9)
+    reconcile_job(job.id, later(now, 2))
+    job.refresh_from_db()
+    assert job.phase == Phase.FAILED
+    assert job.last_error.startswith("hardware failure with the 'hardware' restart budget spent")
+    assert bad.name in job.last_error
+    bad.refresh_from_db()
+    assert bad.state == Node.State.REPLACED  # the evidence still takes the node out
+
+
+def test_a_hung_rank_is_found_by_its_missed_heartbeats(cluster, team):
+    now = timezone.now()
+    job, attempt = running_job(cluster, team, now)
+    bad, good = nodes_of(attempt)
+    heartbeat(attempt, 8, later(now, 5), ranks=[0, 1])  # ranks 0-1 live on `bad`
+    heartbeat(attempt, 8, later(now, 20), ranks=[2, 3])
+    reconcile_job(job.id, later(now, 12))
+    job.refresh_from_db()
+    assert job.phase == Phase.RUNNING  # 7 s silent: within the 10 s deadline
+    reconcile_job(job.id, later(now, 20))
+    job.refresh_from_db()
+    attempt.refresh_from_db()
+    assert attempt.failure_class == "hang"
+    assert job.restart_counts == {"hang": 1}
+    bad.refresh_from_db()
+    assert bad.state == Node.State.REPLACED
+    assert bad.health_events.filter(kind="missed_heartbeat").exists()
+    hang = GoodputEntry.objects.get(job=job, category="hang")
+    assert hang.seconds == pytest.approx(15.0)
+    failed = JobEvent.objects.get(job=job, kind="NodeFailed")
+    assert failed.evidence["node"] == bad.name
+    assert {s["rank"] for s in failed.evidence["silent"]} == {0, 1}
+
+
+def test_a_critical_health_event_on_a_node_replaces_it(cluster, team):
+    now = timezone.now()
+    job, attempt = running_job(cluster, team, now)
+    bad = nodes_of(attempt)[1]
+    event = NodeHealthEvent.objects.create(node=bad, kind="xid", severity="critical",
+                                           message="XID 79: GPU fell off the bus")
+    reconcile_job(job.id, later(now, 2))
+    job.refresh_from_db()
+    event.refresh_from_db()
+    assert event.handled_at is not None
+    assert job.restart_counts == {"hardware": 1}
+    assert "XID 79" in JobEvent.objects.get(job=job, kind="Restarting").message
+    bad.refresh_from_db()
+    assert bad.state == Node.State.REPLACED
+
+
+def test_a_spot_notice_takes_an_emergency_checkpoint_before_the_drain(cluster, team):
+    now = timezone.now()
+    job, attempt = running_job(cluster, team, now)
+    spot = nodes_of(attempt)[0]
+    NodeHealthEvent.objects.create(node=spot, kind="spot_notice", severity="critical",
+                                   message="interruption in 120 s")
+    reconcile_job(job.id, later(now, 2))
+    attempt.refresh_from_db()
+    request_id = attempt.checkpoint_request_id
+    assert request_id and attempt.directives()["checkpoint_request"] == request_id
+    assert ("drain", spot.name) not in provider_of(cluster).fleet.calls
+    reconcile_job(job.id, later(now, 3))  # no checkpoint yet: keep waiting
+    assert job.attempts.count() == 1
+    write_checkpoint(job, 7, attempt, request_id=request_id, emergency=True,
+                     created_at=later(now, 4))
+    reconcile_job(job.id, later(now, 5))
+    job.refresh_from_db()
+    spot.refresh_from_db()
+    assert ("drain", spot.name) in provider_of(cluster).fleet.calls
+    assert spot.state == Node.State.REPLACED
+    assert job.restart_counts == {"preempted": 1}
+    assert job.attempts.get(number=2).resume_step == 7
+    order = kinds(job)
+    assert order.index("EmergencyCheckpointRequested") < order.index(
+        "EmergencyCheckpointCommitted") < order.index("NodeDrained") < order.index("Restarting")
+
+
+def test_a_spot_notice_without_a_checkpoint_in_time_resumes_from_the_newest(cluster, team):
+    now = timezone.now()
+    job, attempt = running_job(cluster, team, now)
+    write_checkpoint(job, 4, attempt, created_at=later(now, 1))
+    spot = nodes_of(attempt)[0]
+    NodeHealthEvent.objects.create(node=spot, kind="spot_notice", severity="critical",
+                                   message="interruption")
+    reconcile_job(job.id, later(now, 2))
+    heartbeat(attempt, 6, later(now, 39))
+    reconcile_job(job.id, later(now, 40))
+    job.refresh_from_db()
+    assert "EmergencyCheckpointMissed" in kinds(job)
+    assert job.attempts.get(number=2).resume_step == 4
+
+
+def test_a_corrupt_checkpoint_is_skipped_for_the_previous_good_one(cluster, team):
+    now = timezone.now()
+    job, attempt = running_job(cluster, team, now)
+    write_checkpoint(job, 5, attempt, created_at=later(now, 1))
+    newest = write_checkpoint(job, 10, attempt, created_at=later(now, 2))
+    shard = next(Path(newest.uri.removeprefix("file://")).glob("*.distcp"))
+    shard.write_bytes(b"garbage")
+    provider_of(cluster).exit_node(attempt.provider_ref, nodes_of(attempt)[0].name, signal=9)
+    reconcile_job(job.id, later(now, 3))
+    newest.refresh_from_db()
+    assert newest.state == Checkpoint.State.CORRUPT
+    assert job.attempts.get(number=2).resume_step == 5
+    assert "CheckpointCorrupt" in kinds(job)
+
+
+def test_a_person_s_restart_from_step_is_honoured_once(cluster, team):
+    now = timezone.now()
+    job, attempt = running_job(cluster, team, now)
+    write_checkpoint(job, 4, attempt, created_at=later(now, 1))
+    write_checkpoint(job, 8, attempt, created_at=later(now, 2))
+    job.request_restart(4, "olivia", now=later(now, 3))
+    reconcile_job(job.id, later(now, 3))
+    job.refresh_from_db()
+    second = job.attempts.get(number=2)
+    assert second.resume_step == 4
+    honoured = next(c for c in job.conditions if c["type"] == "RestartFromStep")
+    assert honoured["generation"] == job.generation and honoured["step"] == 4
+    assert job.restart_counts == {}  # a person's restart spends no budget
+    provider_of(cluster).exit_node(second.provider_ref, nodes_of(second)[0].name, signal=9)
+    reconcile_job(job.id, later(now, 5))
+    assert job.attempts.get(number=3).resume_step == 8
+    assert JobAttempt.objects.filter(job=job).count() == 3

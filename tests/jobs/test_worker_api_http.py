@@ -1,0 +1,54 @@
+"""The trainer's own reporting thread against the API over real HTTP: the
+contract of docs/trainer-protocol.md seen from both sides at once."""
+
+import time
+
+import pytest
+from trainer.reporting import Reporter
+
+from checkpoints.models import Checkpoint
+from jobs.models import JobAttempt, JobEvent, MetricPoint, RankStatus
+from tests.api_factories import make_attempt, make_job
+
+
+def wait_for(predicate, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.django_db(transaction=True)
+def test_the_trainers_reporter_delivers_everything_and_gets_directives(
+    live_server, team, cluster, owner
+):
+    job = make_job(team, cluster, owner, phase="running")
+    attempt, token = make_attempt(job)
+    request_id = attempt.request_checkpoint("user:olivia")
+    reporter = Reporter(live_server.url, token, str(attempt.pk), rank=0, node="cpu-a-0",
+                        heartbeat_interval_s=0.2)
+    reporter.start()
+    try:
+        reporter.update_status(step=3, samples_per_s=10.0, tokens_per_s=640.0, step_time_s=0.1)
+        for step in (1, 2, 3):
+            reporter.metric("loss", step, 3.0 - step / 10)
+        reporter.event("started", "fresh start", {"params": 1000})
+        reporter.checkpoint({"step": 3, "uri": "file:///tmp/ckpt/step-3", "bytes": 10,
+                             "manifest_sha256": "ab" * 32, "save_seconds": 0.1,
+                             "blocking_seconds": 0.01, "emergency": False,
+                             "request_id": request_id})
+        assert wait_for(lambda: reporter.directives().get("checkpoint_request") == request_id)
+        assert wait_for(lambda: MetricPoint.objects.filter(attempt=attempt).count() == 3)
+        assert wait_for(lambda: Checkpoint.objects.filter(job=job, step=3).exists())
+        assert wait_for(lambda: JobAttempt.objects.get(pk=attempt.pk).last_step == 3)
+    finally:
+        reporter.close()
+    assert RankStatus.objects.get(attempt=attempt).node_name == "cpu-a-0"
+    job.refresh_from_db()
+    assert job.current_step == 3 and job.progress["tokens_per_s"] == 640.0
+    assert JobEvent.objects.filter(job=job, kind="TrainerStarted",
+                                   actor="worker:rank0@cpu-a-0").exists()
+    assert not any(key.endswith("_refused") for key in reporter.sent)

@@ -1,0 +1,1 @@
+"""Helpers shared by tests: stand-ins for services that cannot run here."""

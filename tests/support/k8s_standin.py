@@ -1,0 +1,355 @@
+"""A stand-in Kubernetes API server for tests.
+
+No real API server can run on the test machines, so this one speaks just
+enough of the protocol over real HTTP (http.server on 127.0.0.1, port 0):
+lists, gets, creates (409 AlreadyExists), merge patches, deletes (404
+NotFound), the Eviction subresource, pod logs and watch streams (newline-
+delimited JSON events). It records every request so tests can check what
+the provider sent, and can be told to fail the next matching requests with
+429 (and Retry-After), 5xx, 403 or 422.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+from kubernetes import client as k8s
+
+_REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 409: "AlreadyExists",
+            422: "Invalid", 429: "TooManyRequests", 500: "InternalError",
+            503: "ServiceUnavailable"}
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+    body: Any = None
+
+
+@dataclass
+class _Fault:
+    method: str
+    path: str
+    status: int
+    headers: dict = field(default_factory=dict)
+    times: int = 1
+
+
+class K8sStandIn:
+    def __init__(self):
+        self.requests: list[Recorded] = []
+        # collection path -> {name: object}
+        self.store: dict[str, dict[str, dict]] = {}
+        self.logs: dict[tuple[str, str], str] = {}  # (namespace, pod) -> text
+        # collection path -> list of events a watch on it streams, then closes
+        self.watch_events: dict[str, list[dict]] = {}
+        self.hooks: list = []  # fn(method, collection, obj), after each write
+        self._faults: list[_Fault] = []
+        self._lock = threading.Lock()
+        self._counter = 0
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever,
+                                        kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def api_client(self) -> k8s.ApiClient:
+        cfg = k8s.Configuration()
+        cfg.host = self.url
+        return k8s.ApiClient(cfg)
+
+    # --- test controls -------------------------------------------------------
+    def put(self, collection: str, obj: dict) -> dict:
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta["resourceVersion"] = self._next_version()
+        self.store.setdefault(collection, {})[meta["name"]] = obj
+        return obj
+
+    def get(self, collection: str, name: str) -> dict | None:
+        return self.store.get(collection, {}).get(name)
+
+    def fail_next(self, method: str, path: str, status: int, headers: dict | None = None,
+                  times: int = 1) -> None:
+        """The next `times` requests of `method` whose path starts with `path` fail."""
+        self._faults.append(_Fault(method, path, status, headers or {}, times))
+
+    def calls(self, method: str | None = None, path: str | None = None) -> list[Recorded]:
+        return [r for r in self.requests
+                if (method is None or r.method == method)
+                and (path is None or r.path.startswith(path))]
+
+    # --- internals -----------------------------------------------------------
+    def _next_version(self) -> str:
+        with self._lock:
+            self._counter += 1
+            return str(self._counter)
+
+    def _fault_for(self, method: str, path: str) -> _Fault | None:
+        with self._lock:
+            for fault in self._faults:
+                if fault.method == method and path.startswith(fault.path) and fault.times > 0:
+                    fault.times -= 1
+                    return fault
+        return None
+
+    def _handler(self):
+        standin = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # keep test output quiet
+                pass
+
+            def _serve(self):
+                parsed = urlparse(self.path)
+                query = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                body = json.loads(raw) if raw else None
+                standin.requests.append(Recorded(self.command, parsed.path, query,
+                                                 dict(self.headers), body))
+                fault = standin._fault_for(self.command, parsed.path)
+                if fault is not None:
+                    return self._status(fault.status, "injected failure", fault.headers)
+                try:
+                    standin._route(self, self.command, parsed.path, query, body)
+                except _Reply as reply:
+                    self._send(reply.code, reply.body, reply.content_type)
+
+            do_GET = do_POST = do_PATCH = do_DELETE = do_PUT = _serve
+
+            def _status(self, code, message, headers=None):
+                body = {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                        "status": "Failure", "message": message,
+                        "reason": _REASONS.get(code, "Unknown"), "code": code}
+                self._send(code, body, headers=headers)
+
+            def _send(self, code, body, content_type="application/json", headers=None):
+                data = body if isinstance(body, bytes) else (
+                    body.encode() if isinstance(body, str) else json.dumps(body).encode())
+                self.send_response(code)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(data)))
+                for key, value in (headers or {}).items():
+                    self.send_header(key, str(value))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def stream(self, events: list[dict]):
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for event in events:
+                    line = (json.dumps(event) + "\n").encode()
+                    self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+                self.wfile.write(b"0\r\n\r\n")
+
+        return Handler
+
+    def _route(self, h, method, path, query, body):
+        parts = path.strip("/").split("/")
+        prefix = 2 if parts[0] == "api" else 3
+        rest = parts[prefix:]
+        sub = None
+        if rest and rest[0] == "namespaces" and len(rest) >= 3:
+            coll_len = prefix + 3
+        else:
+            coll_len = prefix + 1
+        collection = "/" + "/".join(parts[:coll_len])
+        tail = parts[coll_len:]
+        name = tail[0] if tail else None
+        if len(tail) > 1:
+            sub = tail[1]
+        items = self.store.setdefault(collection, {})
+
+        if sub == "log" and method == "GET":
+            text = self.logs.get((parts[prefix + 1], name), "")
+            raise _Reply(200, text, "text/plain")
+        if sub == "eviction" and method == "POST":
+            if name not in items:
+                return h._status(404, f'pods "{name}" not found')
+            del items[name]
+            self._fire("EVICT", collection, body)
+            raise _Reply(201, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
+        if method == "GET" and name is None:
+            matched = [o for o in items.values() if _matches(o, query)]
+            if query.get("watch") in ("true", "1", "True"):
+                events = self.watch_events.get(collection)
+                if events is None:
+                    events = [{"type": "ADDED", "object": o} for o in matched]
+                return h.stream(events)
+            raise _Reply(200, {"kind": "List", "apiVersion": "v1",
+                               "metadata": {"resourceVersion": self._next_version()},
+                               "items": matched})
+        if method == "GET":
+            if name not in items:
+                return h._status(404, f'"{name}" not found')
+            raise _Reply(200, items[name])
+        if method == "POST":
+            name = body["metadata"]["name"]
+            if name in items:
+                return h._status(409, f'"{name}" already exists')
+            obj = self.put(collection, body)
+            obj["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+            if "stringData" in obj:
+                obj["data"] = {k: "***" for k in obj.pop("stringData")}
+            self._fire("POST", collection, obj)
+            raise _Reply(201, obj)
+        if method == "PATCH":
+            if name not in items:
+                return h._status(404, f'"{name}" not found')
+            _merge(items[name], body)
+            items[name]["metadata"]["resourceVersion"] = self._next_version()
+            self._fire("PATCH", collection, items[name])
+            raise _Reply(200, items[name])
+        if method == "DELETE":
+            if name not in items:
+                return h._status(404, f'"{name}" not found')
+            obj = items.pop(name)
+            self._fire("DELETE", collection, obj)
+            raise _Reply(200, {"kind": "Status", "apiVersion": "v1", "status": "Success",
+                               "details": {"name": name, "uid": obj["metadata"]["uid"]}})
+        return h._status(400, f"unsupported {method} {path}")
+
+    def _fire(self, method, collection, obj):
+        for hook in list(self.hooks):
+            hook(method, collection, obj)
+
+
+class _Reply(Exception):
+    def __init__(self, code, body, content_type="application/json"):
+        self.code, self.body, self.content_type = code, body, content_type
+
+
+def _lookup(obj: dict, dotted: str):
+    for part in dotted.split("."):
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(part)
+    return obj
+
+
+def _matches(obj: dict, query: dict) -> bool:
+    labels = obj.get("metadata", {}).get("labels") or {}
+    for term in filter(None, (query.get("labelSelector") or "").split(",")):
+        key, _, value = term.partition("=")
+        if labels.get(key) != value:
+            return False
+    for term in filter(None, (query.get("fieldSelector") or "").split(",")):
+        key, _, value = term.partition("=")
+        if str(_lookup(obj, key)) != value:
+            return False
+    return True
+
+
+def _merge(target: dict, patch: dict) -> None:
+    """JSON merge patch (RFC 7386), enough for the patches under test."""
+    for key, value in (patch or {}).items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+    if "stringData" in target:
+        target.setdefault("data", {}).update({k: "***" for k in target.pop("stringData")})
+
+
+# --- shapes the API server returns -------------------------------------------
+
+NODES = "/api/v1/nodes"
+
+
+def namespaced(ns: str, resource: str) -> str:
+    return f"/api/v1/namespaces/{ns}/{resource}"
+
+
+def pytorchjobs(ns: str) -> str:
+    return f"/apis/kubeflow.org/v1/namespaces/{ns}/pytorchjobs"
+
+
+def node(name: str, *, gpus: int = 8, allocatable: int | None = None, ready: bool = True,
+         labels: dict | None = None, conditions: list[dict] | None = None,
+         taints: list[dict] | None = None, instance: str = "i-0123456789abcdef0",
+         unschedulable: bool = False) -> dict:
+    """A Node as a GPU node on EKS reports itself."""
+    conds = [{"type": "Ready", "status": "True" if ready else "False",
+              "reason": "KubeletReady" if ready else "NodeStatusUnknown",
+              "message": "kubelet is posting ready status" if ready
+              else "Kubelet stopped posting node status.",
+              "lastTransitionTime": "2026-01-01T00:00:00Z"}]
+    conds += conditions or []
+    spec = {"providerID": f"aws:///us-east-1a/{instance}"}
+    if taints:
+        spec["taints"] = taints
+    if unschedulable:
+        spec["unschedulable"] = True
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
+        "spec": spec,
+        "status": {
+            "capacity": {"cpu": "192", "memory": "2047Gi", "nvidia.com/gpu": str(gpus)},
+            "allocatable": {"cpu": "191", "memory": "2000Gi",
+                            "nvidia.com/gpu": str(gpus if allocatable is None else allocatable)},
+            "conditions": conds,
+            "addresses": [{"type": "InternalIP", "address": f"10.0.0.{abs(hash(name)) % 250}"},
+                          {"type": "Hostname", "address": name}],
+        },
+    }
+
+
+def pod(job: str, replica_type: str, index: int, *, node_name: str, phase: str = "Running",
+        exit_code: int | None = None, reason: str = "", message: str = "",
+        restarts: int = 0, namespace: str = "regatta-training", status_reason: str = "") -> dict:
+    """A pod the training operator made for a PyTorchJob replica."""
+    state: dict = {"running": {"startedAt": "2026-01-01T00:00:05Z"}}
+    if exit_code is not None:
+        state = {"terminated": {"exitCode": exit_code, "reason": reason or "Error",
+                                "message": message, "finishedAt": "2026-01-01T00:10:00Z"}}
+    statuses = [] if phase == "Pending" else [
+        {"name": "pytorch", "ready": phase == "Running", "restartCount": restarts,
+         "state": state, "image": "img", "imageID": "", "containerID": ""}]
+    status = {"phase": phase, "containerStatuses": statuses}
+    if status_reason:
+        status.update(reason=status_reason, message=message)
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": f"{job}-{replica_type.lower()}-{index}", "namespace": namespace,
+            "labels": {"training.kubeflow.org/job-name": job,
+                       "training.kubeflow.org/replica-type": replica_type.lower(),
+                       "training.kubeflow.org/replica-index": str(index),
+                       "app.kubernetes.io/managed-by": "regatta"},
+        },
+        "spec": {"nodeName": node_name, "containers": [{"name": "pytorch", "image": "img"}]},
+        "status": status,
+    }
+
+
+def job_condition(kind: str, status: str = "True", message: str = "") -> dict:
+    return {"type": kind, "status": status, "reason": f"PyTorchJob{kind}",
+            "message": message or f"PyTorchJob is {kind.lower()}.",
+            "lastUpdateTime": "2026-01-01T00:00:10Z",
+            "lastTransitionTime": "2026-01-01T00:00:10Z"}

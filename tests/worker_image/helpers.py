@@ -1,0 +1,224 @@
+"""Real torchrun launches and a real HTTP control-plane stand-in for the trainer tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+VENV_BIN = Path(sys.executable).parent
+TORCHRUN = str(VENV_BIN / "torchrun")
+
+# ~0.14M parameters: big enough to learn, small enough for 2 shared cores.
+NANO = {"model": "nano", "batch_size": 8, "warmup_steps": 2, "lr": 1e-3,
+        "log_every_steps": 2, "heartbeat_interval_s": 0.2}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`. torchrun puts each rank in its own session,
+    so killing torchrun's process group alone would leave ranks behind."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+class Run:
+    def __init__(self, proc: subprocess.Popen, log_path: Path, status_dir: Path, ckpt: str):
+        self.proc, self.log_path, self.status_dir, self.ckpt = proc, log_path, status_dir, ckpt
+
+    def wait(self, timeout: float = 120) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def statuses(self) -> dict[int, dict]:
+        return {int(p.stem.split("-")[1]): json.loads(p.read_text())
+                for p in self.status_dir.glob("rank-*.json")}
+
+    def exit_codes(self) -> dict[int, int]:
+        return {rank: s["exit_code"] for rank, s in self.statuses().items()}
+
+    def ranks(self) -> list[int]:
+        return [p for p in descendants(self.proc.pid) if _is_rank(p)]
+
+    def wait_for(self, predicate, timeout: float = 60, what: str = "condition") -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"run exited before {what}:\n{self.log()[-3000:]}")
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}:\n{self.log()[-3000:]}")
+
+    def kill(self) -> None:
+        for pid in [self.proc.pid, *descendants(self.proc.pid)]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _is_rank(pid: int) -> bool:
+    try:
+        return b"trainer" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+class Launcher:
+    def __init__(self, root: Path):
+        self.root = root
+        self.runs: list[Run] = []
+
+    def start(self, config: dict, ckpt: str | Path, *, name: str = "run", nproc: int = 2,
+              env: dict | None = None, resume: str | None = None) -> Run:
+        folder = self.root / f"{name}-{len(self.runs)}"
+        folder.mkdir(parents=True)
+        status_dir = folder / "status"
+        base = {k: v for k, v in os.environ.items() if not k.startswith("REGATTA_")}
+        base.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+                     "REGATTA_CONFIG": json.dumps({**NANO, **config}),
+                     "REGATTA_CHECKPOINT_URI": str(ckpt),
+                     "REGATTA_STATUS_DIR": str(status_dir)})
+        if resume is not None:
+            base["REGATTA_RESUME_STEP"] = resume
+        base.update(env or {})
+        cmd = [TORCHRUN, "--nnodes=1", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
+               f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--monitor-interval=0.2",
+               "-m", "trainer", "--staging-dir", str(folder / "staging")]
+        log_path = folder / "log.txt"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=base,
+                                    cwd=folder, start_new_session=True)
+        run = Run(proc, log_path, status_dir, str(ckpt))
+        self.runs.append(run)
+        return run
+
+    def run(self, config: dict, ckpt: str | Path, timeout: float = 120, **kwargs) -> Run:
+        run = self.start(config, ckpt, **kwargs)
+        try:
+            run.wait(timeout)
+        except subprocess.TimeoutExpired:
+            run.kill()
+            raise AssertionError(f"run timed out:\n{run.log()[-3000:]}") from None
+        return run
+
+    def cleanup(self) -> None:
+        for run in self.runs:
+            run.kill()
+
+
+class ControlPlane:
+    """A real HTTP server standing in for the control plane's worker API."""
+
+    def __init__(self, delay_s: float = 0.0):
+        self.delay_s = delay_s
+        self.requests: list[dict] = []
+        self.directives: dict = {"checkpoint_request": None, "stop": False,
+                                 "checkpoint_interval_steps": None}
+        self.on_request = None  # hook(record) run under the lock, may edit directives
+        self.lock = threading.Lock()
+        plane = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+                if plane.delay_s:
+                    time.sleep(plane.delay_s)
+                kind = self.path.rstrip("/").rsplit("/", 1)[1]
+                record = {"path": self.path, "kind": kind, "body": body,
+                          "auth": self.headers.get("Authorization"), "time": time.time()}
+                with plane.lock:
+                    plane.requests.append(record)
+                    if plane.on_request:
+                        plane.on_request(record)
+                    reply = ({"directives": dict(plane.directives)} if kind == "heartbeat"
+                             else {"stored": len(body.get("points", []))})
+                data = json.dumps(reply).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def env(self, attempt: int = 7) -> dict:
+        return {"REGATTA_URL": self.url, "REGATTA_TOKEN": "rgw_test", "REGATTA_JOB_ID": "3",
+                "REGATTA_ATTEMPT_ID": str(attempt), "REGATTA_NODE": "local-a-0"}
+
+    def of_kind(self, kind: str) -> list[dict]:
+        with self.lock:
+            return [r for r in self.requests if r["kind"] == kind]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def load_checkpoint(step_dir: str | Path, out: Path) -> dict:
+    """A whole DCP checkpoint as plain tensors (no process group needed)."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(step_dir), str(out))
+    return torch.load(out, weights_only=False)
+
+
+def flat_tensors(tree, prefix: str = "") -> dict:
+    import torch
+
+    out = {}
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            out.update(flat_tensors(v, f"{prefix}{k}."))
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            out.update(flat_tensors(v, f"{prefix}{i}."))
+    elif isinstance(tree, torch.Tensor):
+        out[prefix.rstrip(".")] = tree
+    return out
+
+
+def losses(log: str) -> list[float]:
+    return [float(line.split(" loss ")[1].split()[0]) for line in log.splitlines()
+            if "[rank 0]" in line and " loss " in line and "val_loss" not in line]

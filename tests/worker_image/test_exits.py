@@ -1,0 +1,74 @@
+"""Exit codes: SIGTERM (83), user-code error (1), lost peer (84), bad config (85)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from trainer.storage import open_storage
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+
+def test_sigterm_leaves_a_committed_checkpoint_and_exit_code_83(launcher, tmp_path,
+                                                                 control_plane):
+    ckpt = tmp_path / "ckpt"
+    run = launcher.start({"max_steps": 5000, "checkpoint_every_steps": 7, "step_sleep_s": 0.02},
+                         ckpt, env=control_plane.env())
+    run.wait_for(lambda: "step 10 loss" in run.log(), what="step 10")
+    # What a node drain or spot notice does: SIGTERM to the launcher, which
+    # forwards it to every rank.
+    run.proc.send_signal(signal.SIGTERM)
+    run.wait(60)
+
+    assert run.exit_codes() == {0: 83, 1: 83}, run.log()[-3000:]
+    statuses = run.statuses()
+    assert {s["failure_class"] for s in statuses.values()} == {"preempted"}
+    step = statuses[0]["step"]
+    store = open_storage(str(ckpt))
+    assert store.committed_steps()[-1] == step
+    assert store.verify(step) == (True, "ok")
+    emergency = [r["body"] for r in control_plane.of_kind("checkpoints") if r["body"]["emergency"]]
+    assert [e["step"] for e in emergency] == [step]
+
+
+def test_an_error_in_training_code_exits_1_and_reports_crashed(launcher, tmp_path,
+                                                              control_plane):
+    run = launcher.run({"max_steps": 20, "fail_at_step": 5}, tmp_path / "ckpt",
+                       env=control_plane.env())
+
+    assert run.exit_codes() == {0: 1, 1: 1}, run.log()[-3000:]
+    assert run.statuses()[0]["step"] == 4
+    assert "InjectedFailure: fail_at_step=5" in run.log()
+    crashed = [r["body"] for r in control_plane.of_kind("events")
+               if r["body"]["kind"] == "crashed"]
+    assert {c["rank"] for c in crashed} == {0, 1}
+    assert crashed[0]["data"]["failure_class"] == "code"
+    assert crashed[0]["data"]["error_type"] == "InjectedFailure"
+    assert "Traceback" in crashed[0]["data"]["traceback"]
+
+
+def test_a_lost_peer_exits_84_on_the_survivor(launcher, tmp_path):
+    run = launcher.start({"max_steps": 5000, "step_sleep_s": 0.02}, tmp_path / "ckpt")
+    run.wait_for(lambda: "step 4 loss" in run.log(), what="step 4")
+    rank_pids = sorted(run.ranks())
+    os.kill(rank_pids[-1], signal.SIGKILL)
+    run.wait(60)
+
+    codes = run.exit_codes()
+    assert list(codes.values()) == [84], run.log()[-3000:]
+    assert next(iter(run.statuses().values()))["failure_class"] == "transient"
+
+
+def test_a_rejected_config_exits_85_and_names_the_keys(tmp_path):
+    env = {**os.environ, "REGATTA_CONFIG": json.dumps({"modle": "tiny", "n_head": 3}),
+           "REGATTA_STATUS_DIR": str(tmp_path), "RANK": "0"}
+    proc = subprocess.run([sys.executable, "-m", "trainer"], env=env, capture_output=True,
+                          text=True, timeout=60)
+
+    assert proc.returncode == 85
+    assert "unknown config keys: modle" in proc.stderr
+    status = json.loads((tmp_path / "rank-0.json").read_text())
+    assert status["exit_code"] == 85 and status["failure_class"] == "code"

@@ -1,0 +1,112 @@
+"""Resume: bitwise identical after SIGKILL; corrupt and unfinished checkpoints skipped."""
+
+import os
+import shutil
+import signal
+
+import pytest
+import torch
+from trainer.storage import open_storage
+
+from .helpers import flat_tensors, load_checkpoint
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+# Dropout on, so the saved RNG states matter; accumulation, so the sampler
+# position moves more than once per step.
+CONFIG = {"max_steps": 16, "checkpoint_every_steps": 4, "keep_last": 10, "dropout": 0.1,
+          "grad_accum_steps": 2}
+
+
+@pytest.fixture(scope="module")
+def reference(module_launcher, tmp_path_factory):
+    """An uninterrupted run with the same seed: checkpoints at 4, 8, 12, 16."""
+    ckpt = tmp_path_factory.mktemp("reference") / "ckpt"
+    run = module_launcher.run(CONFIG, ckpt)
+    assert run.proc.returncode == 0, run.log()[-3000:]
+    assert open_storage(str(ckpt)).list_steps() == [4, 8, 12, 16]
+    return ckpt
+
+
+def assert_same_state(a_dir, b_dir, tmp_path):
+    a = flat_tensors(load_checkpoint(a_dir, tmp_path / "a.pt"))
+    b = flat_tensors(load_checkpoint(b_dir, tmp_path / "b.pt"))
+    assert a.keys() == b.keys()
+    assert any(k.startswith("model.") for k in a) and any(k.startswith("optim.") for k in a)
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, different
+
+
+def test_it_resumes_bitwise_identically_after_sigkill(launcher, reference, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    run = launcher.start({**CONFIG, "step_sleep_s": 0.15}, ckpt)
+    store = open_storage(str(ckpt))
+    run.wait_for(lambda: store.is_committed(8), what="step-8 committed")
+    run.wait_for(lambda: "step 10 loss" in run.log(), what="step 10")
+    victim = max(run.ranks())
+    os.kill(victim, signal.SIGKILL)
+    run.wait(60)
+    assert store.committed_steps()[-1] < 16
+
+    resumed = launcher.run(CONFIG, ckpt)
+
+    assert resumed.proc.returncode == 0, resumed.log()[-3000:]
+    assert "resumed from" in resumed.log()
+    assert_same_state(reference / "step-16", ckpt / "step-16", tmp_path)
+
+
+def test_a_corrupt_newest_checkpoint_is_skipped_for_the_one_before(
+        launcher, reference, tmp_path, control_plane):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(reference, ckpt)
+    shard = ckpt / "step-16" / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size: only the checksum can tell
+    shard.write_bytes(bytes(data))
+
+    run = launcher.run(CONFIG, ckpt, env=control_plane.env())
+
+    assert run.proc.returncode == 0, run.log()[-3000:]
+    log = run.log()
+    assert "checkpoint_skipped step-16" in log and "does not match its sha256" in log
+    assert "resumed from" in log and "step-12 (step 12)" in log
+    skipped = [r["body"] for r in control_plane.of_kind("events")
+               if r["body"]["kind"] == "checkpoint_skipped"]
+    assert [e["data"]["step"] for e in skipped] == [16]
+    events = [r["body"] for r in control_plane.of_kind("events")]
+    assert [e["kind"] for e in events] == ["checkpoint_skipped", "started", "resumed",
+                                           "finished"]
+    assert events[2]["data"] == {"step": 12, "uri": f"file://{ckpt}/step-12"}
+    # Training again from 12 to 16 lands on the same state as the reference.
+    assert_same_state(reference / "step-16", ckpt / "step-16", tmp_path)
+
+
+def test_an_unfinished_checkpoint_is_never_loaded(launcher, reference, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(reference, ckpt)
+    (ckpt / "step-16" / "COMMITTED").unlink()
+    (ckpt / "step-12" / "COMMITTED").unlink()
+    ok, reason = open_storage(str(ckpt)).verify(16)
+    assert not ok and "unfinished" in reason
+
+    run = launcher.run(CONFIG, ckpt, resume="latest")
+
+    assert run.proc.returncode == 0, run.log()[-3000:]
+    log = run.log()
+    assert "checkpoint_skipped step-16" in log and "checkpoint_skipped step-12" in log
+    assert "step-8 (step 8)" in log
+    assert_same_state(reference / "step-16", ckpt / "step-16", tmp_path)
+
+
+def test_a_resume_step_picks_the_newest_verified_checkpoint_at_or_before_it(
+        reference, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(reference, ckpt)
+    (ckpt / "step-8" / "trainer_state" / "rank-0.pt").unlink()
+    store = open_storage(str(ckpt))
+    skipped = []
+
+    assert store.newest_verified(at_most=13) == 12
+    assert store.newest_verified(at_most=9, on_skip=lambda s, r: skipped.append(s)) == 4
+    assert skipped == [8]
+    assert store.newest_verified() == 16
