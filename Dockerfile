@@ -1,0 +1,22 @@
+# The control plane image: web (gunicorn), worker and beat share it.
+FROM python:3.11-slim
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 REGATTA_STATE_DIR=/var/lib/regatta
+WORKDIR /app
+RUN apt-get update && apt-get install -y --no-install-recommends libpq5 && rm -rf /var/lib/apt/lists/*
+COPY pyproject.toml README.md ./
+COPY worker_image ./worker_image
+COPY controlplane ./controlplane
+COPY accounts ./accounts
+COPY clusters ./clusters
+COPY jobs ./jobs
+COPY checkpoints ./checkpoints
+COPY frontend ./frontend
+COPY cli ./cli
+COPY manage.py ./
+RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0 \
+    && pip install ./worker_image . \
+    && python manage.py collectstatic --noinput
+RUN useradd --system --uid 10001 regatta && mkdir -p /var/lib/regatta && chown regatta /var/lib/regatta
+USER regatta
+EXPOSE 8000
+CMD ["gunicorn", "controlplane.wsgi:application", "--bind", "0.0.0.0:8000", "--workers", "4", "--threads", "4"]
