@@ -117,6 +117,12 @@ class BaselineGang:
 
     def _kill_all(self) -> None:
         for proc in self.procs:
+            # torchrun starts its ranks in their own sessions: kill them by pid.
+            for pid in rank_pids(proc.pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
