@@ -13,8 +13,10 @@ COPY checkpoints ./checkpoints
 COPY frontend ./frontend
 COPY cli ./cli
 COPY manage.py ./
-RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0 \
-    && pip install ./worker_image . \
+# No torch: consolidating a model and the preflight collective run in the
+# worker image; the control plane reads checkpoints through the worker
+# package's torch-free storage modules.
+RUN pip install './worker_image[s3]' . \
     && python manage.py collectstatic --noinput
 RUN useradd --system --uid 10001 regatta && mkdir -p /var/lib/regatta && chown regatta /var/lib/regatta
 USER regatta

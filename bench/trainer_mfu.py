@@ -4,7 +4,7 @@
     .venv/bin/python bench/trainer_mfu.py --preset medium --batch 8 --compile
 
 MFU = achieved model FLOP/s (6N + attention per token, `GPT.flops_per_token`)
-over the GPU's dense bf16 peak from `trainer.gpu.PEAK_BF16_FLOPS`. Without a
+over the GPU's dense bf16 peak from `regatta.gpu.PEAK_BF16_FLOPS`. Without a
 CUDA device it says so and exits with status 2.
 """
 
@@ -15,8 +15,8 @@ import sys
 import time
 
 import torch
+from regatta.gpu import peak_flops
 from trainer.config import MODEL_PRESETS
-from trainer.gpu import peak_flops
 from trainer.model import GPT, GPTShape
 
 
@@ -67,7 +67,7 @@ def main() -> None:
     print(f"tokens/s: {tokens_s:,.0f}  step: {elapsed / args.steps * 1e3:.1f} ms  "
           f"peak memory: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
     if peak is None:
-        print(f"MFU: unknown (no peak FLOP/s for {name!r} in trainer.gpu.PEAK_BF16_FLOPS)")
+        print(f"MFU: unknown (no peak FLOP/s for {name!r} in regatta.gpu.PEAK_BF16_FLOPS)")
     else:
         print(f"MFU: {flops_per_token * tokens_s / peak:.1%} of {peak / 1e12:.0f} TFLOP/s")
 

@@ -81,3 +81,33 @@ def test_the_data_check_matches_what_the_sampler_and_validation_accept():
     with pytest.raises(RuntimeError, match="ZeroDivisionError"):  # what the check spares ranks
         next(data.val_batches(torch.zeros(31, dtype=torch.uint8), 10, 1, rank=3,
                               world_size=4, n_batches=1))
+
+
+def test_the_fault_knobs_live_under_faults_and_the_flat_keys_still_read_into_it():
+    nested = TrainerConfig.from_dict({"faults": {"step_sleep_s": 0.1, "fail_at_step": 3}})
+    flat = TrainerConfig.from_dict({"step_sleep_s": 0.1, "fail_at_step": 3})
+
+    assert nested == flat and nested.faults.fail_at_step == 3
+    assert "step_sleep_s" not in nested.to_dict()  # only under "faults"
+    assert TrainerConfig.from_dict(nested.to_dict()) == nested  # a checkpoint's config reloads
+    assert TrainerConfig().faults.step_sleep_s == 0 and TrainerConfig().faults.fail_at_step == 0
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"faults": {"sleep": 1}}, "unknown faults keys: sleep"),
+    ({"faults": {"fail_at_step": -1}}, "must not be negative"),
+    ({"faults": {"step_sleep_s": "1"}}, "faults.step_sleep_s='1' has the wrong type"),
+    ({"faults": 3}, "faults must be a JSON object"),
+])
+def test_it_rejects_bad_fault_knobs_by_name(raw, message):
+    with pytest.raises(ConfigError, match=message):
+        TrainerConfig.from_dict(raw)
+
+
+def test_compile_defaults_to_the_device_and_the_fault_knobs_are_documented_apart():
+    from trainer.config import describe_fields
+
+    assert TrainerConfig().compile is None
+    assert TrainerConfig.from_dict({"compile": None}).compile is None
+    names = [name for name, _, _ in describe_fields()]
+    assert names[-2:] == ["faults.step_sleep_s", "faults.fail_at_step"]

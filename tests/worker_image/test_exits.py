@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from trainer.storage import open_storage
+from regatta.storage import open_storage
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -1,5 +1,6 @@
-"""The trainer as the worker image installs it: a regular (not editable)
-install of worker_image/, and the torch the image pins."""
+"""The worker package (`regatta` SDK + built-in trainer) as images install
+it: a regular (not editable) install of worker_image/, the torch the worker
+image pins, and no hard dependency (a training image keeps its own torch)."""
 
 import inspect
 import os
@@ -26,15 +27,16 @@ def wheel(tmp_path_factory) -> tuple[Path, str]:
     # Built from a copy: setuptools writes build/ and egg-info beside the sources.
     src = tmp_path_factory.mktemp("src")
     shutil.copy(WORKER_IMAGE / "pyproject.toml", src)
-    shutil.copytree(WORKER_IMAGE / "trainer", src / "trainer",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("regatta", "trainer"):
+        shutil.copytree(WORKER_IMAGE / package, src / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("wheel")
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
          "--no-index", "-v", "-w", str(out), str(src)],
         capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    (built,) = out.glob("regatta_trainer-*.whl")
+    (built,) = out.glob("regatta_worker-*.whl")
     return built, proc.stdout + proc.stderr
 
 
@@ -57,7 +59,7 @@ def test_an_installed_trainer_reads_its_corpus(wheel, tmp_path):
     # torch and friends from this environment, the trainer only from the wheel
     # (the editable install's import hook lives in a .pth, which PYTHONPATH skips).
     env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{SITE_PACKAGES}"}
-    probe = ("import trainer.data as d, trainer.trainer, trainer.checkpoint; "
+    probe = ("import trainer.data as d, trainer.trainer, regatta.run, regatta.checkpoint; "
              "print(d.__file__); print(len(d.corpus_bytes()))")
     proc = subprocess.run([str(venv / "bin" / "python"), "-c", probe], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
@@ -67,25 +69,48 @@ def test_an_installed_trainer_reads_its_corpus(wheel, tmp_path):
     assert where.startswith(str(tmp_path / "site")) and int(size) == 5_057_281
 
 
-def test_the_image_installs_the_torch_the_project_pins_and_the_package_admits_it():
+def test_the_image_installs_the_torch_the_makefile_pins_and_the_package_admits_it():
     from packaging.specifiers import SpecifierSet
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    (pin,) = [d for d in project["project"]["dependencies"] if d.startswith("torch==")]
-    pinned = pin.removeprefix("torch==")
+    # The control plane installs no torch; the local fleet's ranks get the
+    # version the Makefile pins.
+    assert not [d for d in project["project"]["dependencies"] if d.startswith("torch")]
+    pinned = re.search(r"^TORCH \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
     dockerfile = (WORKER_IMAGE / "Dockerfile").read_text()
     assert re.search(rf"^ARG TORCH_VERSION={re.escape(pinned)}$", dockerfile, re.M)
-    trainer = tomllib.loads((WORKER_IMAGE / "pyproject.toml").read_text())
-    (spec,) = [d for d in trainer["project"]["dependencies"] if d.startswith("torch")]
+    worker = tomllib.loads((WORKER_IMAGE / "pyproject.toml").read_text())
+    extra = worker["project"]["optional-dependencies"]["trainer"]
+    (spec,) = [d for d in extra if d.startswith("torch")]
     assert pinned in SpecifierSet(spec.removeprefix("torch"))
     assert "2.8.0" not in SpecifierSet(spec.removeprefix("torch"))  # no DefaultStager there
 
 
-def test_this_torch_has_the_checkpoint_apis_the_trainer_uses():
+def test_this_torch_has_the_checkpoint_apis_the_sdk_uses():
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    from torch.distributed.checkpoint.staging import AsyncStager
+    from torch.distributed.checkpoint.stateful import Stateful
+    from torch.distributed.tensor import DTensor
 
     assert "async_stager" in inspect.signature(dcp.async_save).parameters
-    assert {"use_pinned_memory", "use_shared_memory", "use_async_staging",
-            "use_non_blocking_copy"} <= set(inspect.signature(StagingOptions).parameters)
-    DefaultStager(StagingOptions(False, False, False, False)).close()
+    assert {"stage", "close"} <= set(dir(AsyncStager)) and Stateful
+    # regatta/staging.py swaps a staged DTensor's local shard for its buffer.
+    assert "_local_tensor" in DTensor.__slots__ or hasattr(DTensor, "_local_tensor")
+
+
+def test_the_package_declares_no_hard_dependency_so_pip_never_swaps_an_images_torch():
+    worker = tomllib.loads((WORKER_IMAGE / "pyproject.toml").read_text())
+
+    assert worker["project"]["name"] == "regatta-worker"
+    assert worker["project"]["dependencies"] == []
+    assert set(worker["project"]["optional-dependencies"]) == {"trainer", "s3", "gpu"}
+
+
+def test_the_wheel_ships_the_sdk_beside_the_trainer(wheel):
+    built, _ = wheel
+    names = zipfile.ZipFile(built).namelist()
+
+    for module in ("__init__", "run", "storage", "manifest", "reporting", "preflight"):
+        assert f"regatta/{module}.py" in names
+    assert not any(n.startswith("trainer/storage") or n.startswith("trainer/manifest")
+                   for n in names)  # moved, not copied

@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from trainer.reporting import Reporter
+from regatta.reporting import Reporter
 
 pytestmark = [pytest.mark.timeout(60)]
 

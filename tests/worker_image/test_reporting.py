@@ -3,7 +3,7 @@
 import re
 
 import pytest
-from trainer.storage import open_storage
+from regatta.storage import open_storage
 
 from .helpers import ControlPlane
 

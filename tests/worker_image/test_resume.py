@@ -6,7 +6,7 @@ import signal
 
 import pytest
 import torch
-from trainer.storage import open_storage
+from regatta.storage import open_storage
 
 from .helpers import flat_tensors, load_checkpoint
 

@@ -3,7 +3,7 @@ plane it deletes nothing and leaves pruning to the control plane's retention
 (checkpoints/retention.py), which knows what is verified or pinned."""
 
 import pytest
-from trainer.storage import open_storage
+from regatta.storage import open_storage
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -4,8 +4,8 @@ import os
 
 import boto3
 import pytest
-from trainer import manifest as mf
-from trainer.storage import S3Storage, open_storage
+from regatta import manifest as mf
+from regatta.storage import S3Storage, open_storage
 
 pytestmark = [pytest.mark.timeout(180)]
 

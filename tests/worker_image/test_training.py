@@ -1,7 +1,9 @@
-"""DDP and FSDP each train the built-in model on 2 gloo ranks and the loss falls."""
+"""DDP and FSDP each train the built-in model on 2 gloo ranks, the loss falls, and
+the final checkpoint exports the whole model."""
 
 import pytest
-from trainer.storage import open_storage
+import torch
+from regatta.storage import open_storage
 
 from .helpers import losses
 
@@ -22,3 +24,8 @@ def test_the_loss_falls(launcher, tmp_path, strategy):
     store = open_storage(str(tmp_path / "ckpt"))
     assert store.list_steps() == [40]
     assert store.verify(40) == (True, "ok")
+    # The final checkpoint carries the whole model for the registry, gathered
+    # from FSDP's shards too.
+    assert {"export/model.pt", "export/config.json"} <= set(store.read_manifest(40)["files"])
+    weights = torch.load(tmp_path / "ckpt" / "step-40" / "export" / "model.pt")
+    assert weights["lm_head.weight"].shape == (256, 64) and "wte.weight" in weights

@@ -1,6 +1,6 @@
 """Entry point of one rank: `torchrun ... -m trainer` or `regatta-train`.
 
-Exit codes (docs/trainer-protocol.md, trainer/exits.py): 0 finished, 1 error
+Exit codes (docs/trainer-protocol.md, regatta/exits.py): 0 finished, 1 error
 in training code, 83 preempted (SIGTERM or a stop directive: after an emergency
 checkpoint, or at once when it came before training started), 84
 collective/rendezvous failure, 85 config rejected.
@@ -9,26 +9,21 @@ collective/rendezvous failure, 85 config rejected.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
 import tempfile
-import time
-import traceback
 from pathlib import Path
 
 # Nothing here imports torch at module level: `run` must install the SIGTERM
-# handling (trainer/preemption.py) before torch starts its first thread.
+# handling (regatta/preemption.py) before torch starts its first thread.
+from regatta import preemption
+from regatta.exits import EXIT_CODE_ERROR, EXIT_COLLECTIVE, EXIT_CONFIG, EXIT_PREEMPTED
+from regatta.launch import Launch
+from regatta.reporting import report_once
+from regatta.status import write_status
+
 from trainer.config import ConfigError, TrainerConfig
-from trainer.exits import (
-    EXIT_CODE_ERROR,
-    EXIT_COLLECTIVE,
-    EXIT_CONFIG,
-    EXIT_PREEMPTED,
-    FAILURE_CLASS,
-)
-from trainer.preemption import Preemption
 
 log = logging.getLogger("trainer")
 
@@ -44,6 +39,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="path, file:///path or s3://bucket/prefix (default: ./checkpoints)")
     p.add_argument("--resume-step", default=env.get("REGATTA_RESUME_STEP", "latest"),
                    help="latest (default), none, or a step number")
+    p.add_argument("--resume-uri", default=env.get("REGATTA_RESUME_URI", ""),
+                   help="the step-N folder to resume from (wins over --resume-step)")
     p.add_argument("--status-dir", default=env.get("REGATTA_STATUS_DIR"),
                    help="write rank-<RANK>.json here on exit")
     p.add_argument("--url", default=env.get("REGATTA_URL"), help="control plane base URL")
@@ -58,6 +55,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def launch_from(args: argparse.Namespace) -> Launch:
+    """The launch contract with the command line's overrides applied."""
+    return Launch.from_env({
+        **os.environ, "REGATTA_URL": args.url or "", "REGATTA_TOKEN": args.token or "",
+        "REGATTA_JOB_ID": str(args.job_id), "REGATTA_ATTEMPT_ID": str(args.attempt_id),
+        "REGATTA_NODE": args.node, "REGATTA_CHECKPOINT_URI": args.checkpoint_uri,
+        "REGATTA_RESUME_STEP": str(args.resume_step or "latest"),
+        "REGATTA_RESUME_URI": args.resume_uri or "", "REGATTA_STATUS_DIR": args.status_dir or "",
+    })
+
+
 def setup_logging(rank: int) -> None:
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr,
@@ -65,10 +73,6 @@ def setup_logging(rank: int) -> None:
     )
     for noisy in ("botocore", "boto3", "s3transfer", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-
-
-def env_int(name: str, default: int) -> int:
-    return int(os.environ.get(name, str(default)))
 
 
 def load_config(args: argparse.Namespace, world_size: int) -> TrainerConfig:
@@ -83,120 +87,80 @@ def load_config(args: argparse.Namespace, world_size: int) -> TrainerConfig:
     return cfg
 
 
-def write_status(args: argparse.Namespace, rank: int, code: int, error: str | None,
-                 step: int) -> None:
-    status_dir = args.status_dir
-    if not status_dir:
-        return
-    try:
-        Path(status_dir).mkdir(parents=True, exist_ok=True)
-        path = Path(status_dir) / f"rank-{rank}.json"
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({
-            "rank": rank, "exit_code": code, "failure_class": FAILURE_CLASS.get(code),
-            "error": error, "step": step, "time": time.time(),
-            "job_id": args.job_id, "attempt_id": str(args.attempt_id),
-        }))
-        os.replace(tmp, path)
-    except OSError:
-        log.exception("could not write the status file in %s", status_dir)
+def early_exit(launch: Launch):
+    """SIGTERM before the SDK's run exists: status file, event, exit 83."""
 
+    def exit_now(phase: str) -> None:
+        message = f"SIGTERM during {phase}, before training started: no checkpoint taken"
+        write_status(launch, EXIT_PREEMPTED, message, 0)
+        report_once(launch.env(), launch.rank, "preempted", message,
+                    {"phase": phase, "step": 0, "checkpoint": False})
+        logging.shutdown()
+        os._exit(EXIT_PREEMPTED)
 
-def report_once(env: dict, rank: int, kind: str, message: str, data: dict) -> None:
-    """Send one event from a reporter of its own, for exits before the run's
-    reporter exists; a no-op without a control plane."""
-    from trainer import reporting
-
-    reporter = reporting.from_env(env, rank, 1.0)
-    reporter.event(kind, message, data)
-    reporter.start()
-    reporter.close(timeout_s=3.0)
-
-
-def _summary(exc: BaseException) -> str:
-    lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
-    text = "".join(lines)
-    return text if len(text) < 4000 else text[:1000] + "\n...\n" + text[-3000:]
+    return exit_now
 
 
 def run(argv: list[str] | None = None) -> int:
     """Run one rank to completion and return its exit code (never raises,
-    except that an early SIGTERM ends the process from `preempted_early`)."""
-    rank = env_int("RANK", 0)
-    setup_logging(rank)
+    except that an early SIGTERM ends the process)."""
     args = parse_args(argv)
-    env = {**os.environ, "REGATTA_URL": args.url or "", "REGATTA_TOKEN": args.token or "",
-           "REGATTA_JOB_ID": str(args.job_id), "REGATTA_ATTEMPT_ID": str(args.attempt_id),
-           "REGATTA_NODE": args.node}
-    # What the early-SIGTERM path needs to say goodbye: filled in as the rank
-    # gets further (the run's reporter once it exists).
-    live: dict = {"reporter": None}
-
-    def preempted_early(phase: str) -> None:
-        message = f"SIGTERM during {phase}, before training started: no checkpoint taken"
-        write_status(args, rank, EXIT_PREEMPTED, message, 0)
-        data = {"phase": phase, "step": 0, "checkpoint": False}
-        reporter = live["reporter"]
-        if reporter is not None:
-            reporter.event("preempted", message, data)
-            reporter.close(timeout_s=3.0)
-        else:
-            report_once(env, rank, "preempted", message, data)
-        logging.shutdown()
-        os._exit(EXIT_PREEMPTED)
-
+    launch = launch_from(args)
+    setup_logging(launch.rank)
     # Before anything imports torch, which starts a thread of its own.
-    preemption = Preemption(preempted_early)
-    preemption.install()
-    trainer = None
-    preemption.enter("config")
+    guard = preemption.install(early_exit(launch))
+    guard.enter("config")
     try:
-        cfg = load_config(args, env_int("WORLD_SIZE", 1))
+        cfg = load_config(args, launch.world_size)
     except (ConfigError, OSError) as exc:
         log.error("config rejected: %s", exc)
-        report_once(env, rank, "crashed", f"config rejected: {exc}", {
+        report_once(launch.env(), launch.rank, "crashed", f"config rejected: {exc}", {
             "error_type": type(exc).__name__, "traceback": str(exc), "failure_class": "code"})
-        write_status(args, rank, EXIT_CONFIG, str(exc), 0)
+        write_status(launch, EXIT_CONFIG, str(exc), 0)
         return EXIT_CONFIG
+    return train(cfg, args, launch)
 
+
+def train(cfg: TrainerConfig, args: argparse.Namespace, launch: Launch) -> int:
+    import regatta
     import torch.distributed as dist
+    from regatta.dist import classify
 
-    from trainer import distributed, gpu, reporting
-    from trainer.trainer import RunOptions, Trainer
+    from trainer.trainer import Trainer
 
-    reporter = reporting.NullReporter()
+    sdk_run, trainer = None, None
     code, error = EXIT_CODE_ERROR, None
     try:
-        preemption.enter("rendezvous")
-        log.info("joining the process group as rank %d of %s", rank,
-                 os.environ.get("WORLD_SIZE", "1"))
+        log.info("joining the process group as rank %d of %d", launch.rank, launch.world_size)
         try:
-            d = distributed.init(cfg.startup_timeout_s)
+            sdk_run = regatta.init(
+                config=cfg.to_dict(), checkpoint_every=cfg.checkpoint_every_steps,
+                keep_last=cfg.keep_last, async_checkpoint=cfg.async_checkpoint,
+                heartbeat_interval_s=cfg.heartbeat_interval_s,
+                startup_timeout_s=cfg.startup_timeout_s, launch=launch,
+                staging_dir=args.staging_dir)
         except Exception as exc:
             raise _RendezvousError(str(exc)) from exc
-        reporter = reporting.from_env(env, d.rank, cfg.heartbeat_interval_s,
-                                      gpu.nvml_sampler(d.device))
-        reporter.start()
-        live["reporter"] = reporter
-        preemption.enter("setup")
-        trainer = Trainer(cfg, RunOptions(args.checkpoint_uri, args.resume_step,
-                                          args.staging_dir), d, reporter)
+        trainer = Trainer(cfg, sdk_run)
         trainer.setup()
-        preemption.enter("resume")
+        sdk_run.phase("resume")
         trainer.resume()
-        preemption.training(trainer.request_stop)
         code = trainer.run()
     except BaseException as exc:  # every failure becomes an exit code and a report
-        code = EXIT_COLLECTIVE if isinstance(exc, _RendezvousError) else distributed.classify(exc)
+        code = EXIT_COLLECTIVE if isinstance(exc, _RendezvousError) else classify(exc)
         error = f"{type(exc).__name__}: {exc}"
-        summary = _summary(exc)
-        log.error("crashed (exit %d, %s):\n%s", code, FAILURE_CLASS[code], summary)
-        reporter.event("crashed", error[:500], {
-            "error_type": type(exc).__name__, "traceback": summary,
-            "failure_class": FAILURE_CLASS[code]})
+        if sdk_run is not None:
+            sdk_run.crashed(exc, code)
+        else:
+            log.exception("crashed before the run started (exit %d)", code)
+            report_once(launch.env(), launch.rank, "crashed", error[:500], {
+                "error_type": type(exc).__name__, "traceback": error, "failure_class":
+                "transient" if code == EXIT_COLLECTIVE else "code"})
     step = trainer.step if trainer is not None else 0
-    write_status(args, rank, code, error, step)
-    reporter.close(timeout_s=5.0)
+    if sdk_run is not None:
+        sdk_run.close(code, error, step)
+    else:
+        write_status(launch, code, error, step)
     # After a failed collective the group may be wedged; tearing it down could hang.
     if dist.is_initialized() and code != EXIT_COLLECTIVE:
         try:

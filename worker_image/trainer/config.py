@@ -5,6 +5,15 @@
 combinations with a `ConfigError` that names them, and `check_data` rejects a
 shape the corpus cannot feed on the run's ranks, so a bad job fails before
 any rank touches a GPU or joins a process group (exit code 85).
+
+Standard library only: the control plane validates a job's hyperparameters
+with `TrainerConfig.from_dict` without torch installed.
+
+The fault-injection knobs (`Faults`: a sleep per step, an error at a step)
+are not training settings: tests and demos use them to make a run slow
+enough to kill or to fail like a bug in user code. They live apart, under
+`"faults"`; the flat keys `step_sleep_s` and `fail_at_step` are still read
+into it, for jobs written before the split.
 """
 
 from __future__ import annotations
@@ -37,6 +46,31 @@ def _f(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
 
 
+FAULT_KEYS = ("step_sleep_s", "fail_at_step")
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Fault injection for tests and demos; both off by default."""
+
+    step_sleep_s: float = _f(0.0, "sleep this long in every step (a slow run to kill or drain)")
+    fail_at_step: int = _f(0, "raise InjectedFailure (a user-code error, exit 1) at this "
+                              "step; 0 = never")
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> Faults:
+        if not isinstance(raw, dict):
+            raise ConfigError(f"faults must be a JSON object, got {type(raw).__name__}")
+        unknown = sorted(set(raw) - set(FAULT_KEYS))
+        if unknown:
+            raise ConfigError(f"unknown faults keys: {', '.join(unknown)}")
+        faults = cls(**{f.name: _coerce(f"faults.{f.name}", f.type, raw[f.name])
+                        for f in dataclasses.fields(cls) if f.name in raw})
+        if faults.step_sleep_s < 0 or faults.fail_at_step < 0:
+            raise ConfigError("faults.step_sleep_s and faults.fail_at_step must not be negative")
+        return faults
+
+
 @dataclass(frozen=True)
 class TrainerConfig:
     # Model
@@ -59,7 +93,9 @@ class TrainerConfig:
     seed: int = _f(1337, "base seed; rank r seeds its RNGs with seed + r")
     # Parallelism and numerics
     strategy: str = _f("ddp", "ddp (replicate) or fsdp (torch fully_shard, per block)")
-    compile: bool = _f(False, "wrap the model in torch.compile")
+    compile: bool | None = _f(
+        None, "wrap the model in torch.compile; null (default) = on CUDA only, where it "
+        "pays for its compile time, off on CPU")
     dtype: str = _f(
         "auto", "auto (bf16 autocast on CUDA, fp32 on CPU), bf16 (autocast anywhere) or fp32"
     )
@@ -82,21 +118,24 @@ class TrainerConfig:
     log_every_steps: int = _f(10, "log line and metric points every N steps")
     heartbeat_interval_s: float = _f(5.0, "seconds between heartbeats (every rank)")
     data: str = _f("builtin", "dataset: builtin (Shakespeare bytes shipped in the package)")
-    # Test knobs
-    step_sleep_s: float = _f(0.0, "test only: sleep this long in every step")
-    fail_at_step: int = _f(0, "test only: raise a user-code error at this step; 0 = never")
+    # Fault injection (tests and demos only)
+    faults: Faults = _f(Faults(), "fault injection for tests and demos: "
+                                  '{"step_sleep_s": s, "fail_at_step": n}')
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> TrainerConfig:
         if not isinstance(raw, dict):
             raise ConfigError(f"config must be a JSON object, got {type(raw).__name__}")
+        raw = _faults_gathered(raw)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:
             raise ConfigError(f"unknown config keys: {', '.join(unknown)}")
         kwargs = {}
         for f in dataclasses.fields(cls):
-            if f.name in raw:
+            if f.name == "faults" and "faults" in raw:
+                kwargs["faults"] = Faults.from_dict(raw["faults"])
+            elif f.name in raw:
                 kwargs[f.name] = _coerce(f.name, f.type, raw[f.name])
         cfg = cls(**kwargs)
         cfg.validate()
@@ -122,57 +161,59 @@ class TrainerConfig:
         return shape
 
     def validate(self) -> None:
-        problems = []
-        if self.model not in MODEL_PRESETS:
-            problems.append(f"model={self.model!r} is not one of {sorted(MODEL_PRESETS)}")
-        if self.strategy not in STRATEGIES:
-            problems.append(f"strategy={self.strategy!r} is not one of {list(STRATEGIES)}")
-        if self.dtype not in DTYPES:
-            problems.append(f"dtype={self.dtype!r} is not one of {list(DTYPES)}")
-        if self.data not in DATASETS:
-            problems.append(f"data={self.data!r} is not one of {list(DATASETS)}")
-        if self.vocab_size != VOCAB_SIZE:
-            problems.append(f"vocab_size={self.vocab_size} but tokens are bytes (256)")
-        positive = ("batch_size", "grad_accum_steps", "max_steps", "keep_last", "log_every_steps")
-        for key in positive:
-            if getattr(self, key) < 1:
-                problems.append(f"{key}={getattr(self, key)} must be at least 1")
-        non_negative = (
-            "warmup_steps", "checkpoint_every_steps", "val_every_steps", "val_batches",
-            "weight_decay", "grad_clip", "step_sleep_s", "fail_at_step", "seed",
-        )
-        for key in non_negative:
-            if getattr(self, key) < 0:
-                problems.append(f"{key}={getattr(self, key)} must not be negative")
-        if not self.lr > 0:
-            problems.append(f"lr={self.lr} must be positive")
-        if not 0 <= self.min_lr_ratio <= 1:
-            problems.append(f"min_lr_ratio={self.min_lr_ratio} must be within [0, 1]")
-        if not 0 <= self.dropout < 1:
-            problems.append(f"dropout={self.dropout} must be within [0, 1)")
-        if self.heartbeat_interval_s <= 0:
-            problems.append(f"heartbeat_interval_s={self.heartbeat_interval_s} must be positive")
-        if self.collective_timeout_s <= 0 or self.startup_timeout_s <= 0:
-            problems.append("collective_timeout_s and startup_timeout_s must be positive")
-        if self.max_steps >= 1 and self.warmup_steps >= self.max_steps:
-            problems.append(
-                f"warmup_steps={self.warmup_steps} must be below max_steps={self.max_steps}"
-            )
-        if self.val_every_steps > 0 and self.val_batches < 1:
-            problems.append(
-                f"val_every_steps={self.val_every_steps} needs val_batches >= 1"
-            )
-        if self.model in MODEL_PRESETS:
-            shape = self.arch()
-            for key, value in shape.items():
-                if value < 1:
-                    problems.append(f"{key}={value} must be at least 1")
-            if shape["n_head"] >= 1 and shape["n_embd"] % shape["n_head"]:
-                problems.append(
-                    f"n_embd={shape['n_embd']} is not divisible by n_head={shape['n_head']}"
-                )
+        problems = (self._choice_problems() + self._range_problems()
+                    + self._combination_problems() + self._shape_problems())
         if problems:
             raise ConfigError("; ".join(problems))
+
+    def _choice_problems(self) -> list[str]:
+        choices = (("model", sorted(MODEL_PRESETS)), ("strategy", list(STRATEGIES)),
+                   ("dtype", list(DTYPES)), ("data", list(DATASETS)))
+        problems = [f"{key}={getattr(self, key)!r} is not one of {allowed}"
+                    for key, allowed in choices if getattr(self, key) not in allowed]
+        if self.vocab_size != VOCAB_SIZE:
+            problems.append(f"vocab_size={self.vocab_size} but tokens are bytes (256)")
+        return problems
+
+    def _range_problems(self) -> list[str]:
+        positive = ("batch_size", "grad_accum_steps", "max_steps", "keep_last", "log_every_steps")
+        non_negative = ("warmup_steps", "checkpoint_every_steps", "val_every_steps",
+                        "val_batches", "weight_decay", "grad_clip", "seed")
+        problems = [f"{key}={getattr(self, key)} must be at least 1"
+                    for key in positive if getattr(self, key) < 1]
+        problems += [f"{key}={getattr(self, key)} must not be negative"
+                     for key in non_negative if getattr(self, key) < 0]
+        checks = (
+            (self.lr > 0, f"lr={self.lr} must be positive"),
+            (0 <= self.min_lr_ratio <= 1, f"min_lr_ratio={self.min_lr_ratio} must be within "
+                                          "[0, 1]"),
+            (0 <= self.dropout < 1, f"dropout={self.dropout} must be within [0, 1)"),
+            (self.heartbeat_interval_s > 0,
+             f"heartbeat_interval_s={self.heartbeat_interval_s} must be positive"),
+            (self.collective_timeout_s > 0 and self.startup_timeout_s > 0,
+             "collective_timeout_s and startup_timeout_s must be positive"),
+        )
+        return problems + [message for ok, message in checks if not ok]
+
+    def _combination_problems(self) -> list[str]:
+        problems = []
+        if self.max_steps >= 1 and self.warmup_steps >= self.max_steps:
+            problems.append(
+                f"warmup_steps={self.warmup_steps} must be below max_steps={self.max_steps}")
+        if self.val_every_steps > 0 and self.val_batches < 1:
+            problems.append(f"val_every_steps={self.val_every_steps} needs val_batches >= 1")
+        return problems
+
+    def _shape_problems(self) -> list[str]:
+        if self.model not in MODEL_PRESETS:
+            return []
+        shape = self.arch()
+        problems = [f"{key}={value} must be at least 1" for key, value in shape.items()
+                    if value < 1]
+        if shape["n_head"] >= 1 and shape["n_embd"] % shape["n_head"]:
+            problems.append(
+                f"n_embd={shape['n_embd']} is not divisible by n_head={shape['n_head']}")
+        return problems
 
     def check_data(self, world_size: int, train_bytes: int, val_bytes: int) -> None:
         """Reject a shape the corpus cannot feed on `world_size` ranks.
@@ -204,6 +245,18 @@ class TrainerConfig:
             raise ConfigError("; ".join(problems))
 
 
+def _faults_gathered(raw: dict[str, Any]) -> dict[str, Any]:
+    """The flat fault keys of older jobs moved under "faults"."""
+    flat = {k: raw[k] for k in FAULT_KEYS if k in raw}
+    if not flat:
+        return raw
+    rest = {k: v for k, v in raw.items() if k not in FAULT_KEYS}
+    nested = raw.get("faults", {})
+    if not isinstance(nested, dict):
+        raise ConfigError(f"faults must be a JSON object, got {type(nested).__name__}")
+    return {**rest, "faults": {**flat, **nested}}
+
+
 def _coerce(name: str, annotation: Any, value: Any) -> Any:
     """Check a JSON value against the field's type (ints are accepted for floats)."""
     text = str(annotation)
@@ -215,8 +268,8 @@ def _coerce(name: str, annotation: Any, value: Any) -> Any:
     elif text == "float":
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         value = float(value) if ok else value
-    elif text == "bool":
-        ok = isinstance(value, bool)
+    elif text.startswith("bool"):
+        ok = isinstance(value, bool) or (value is None and "None" in text)
     elif text == "str":
         ok = isinstance(value, str)
     else:
@@ -227,5 +280,9 @@ def _coerce(name: str, annotation: Any, value: Any) -> Any:
 
 
 def describe_fields() -> list[tuple[str, str, Any]]:
-    """(name, help, default) for every field: used to render docs/trainer.md."""
-    return [(f.name, f.metadata["help"], f.default) for f in dataclasses.fields(TrainerConfig)]
+    """(name, help, default) for every field, the fault knobs as
+    `faults.<name>`: used to render docs/trainer.md."""
+    rows = [(f.name, f.metadata["help"], f.default) for f in dataclasses.fields(TrainerConfig)
+            if f.name != "faults"]
+    return rows + [(f"faults.{f.name}", f.metadata["help"], f.default)
+                   for f in dataclasses.fields(Faults)]

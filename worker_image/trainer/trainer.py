@@ -1,53 +1,50 @@
-"""The stateful Trainer: model, optimizer, data, checkpoints, directives."""
+"""The stateful Trainer: model, optimizer and data, on the `regatta` SDK.
+
+Everything that talks to the control plane or touches a checkpoint goes
+through the SDK's `Run` (reporting, the per-step agreement of directives and
+SIGTERM, DCP saves with manifest and commit marker, resume, the exported
+model): the built-in trainer is one client of the SDK, not a second
+implementation of the protocol.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import math
 import random
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from regatta import gpu
+from regatta.dist import tighten_timeout
+from regatta.exits import EXIT_OK
+from regatta.run import Run
+from regatta.state import Export, ModelState
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer import data, gpu
-from trainer.checkpoint import Checkpointer, retention_for
+from trainer import data
 from trainer.config import TrainerConfig
-from trainer.distributed import Dist, tighten_timeout
-from trainer.exits import EXIT_OK, EXIT_PREEMPTED
 from trainer.model import GPT, GPTShape, param_groups
-from trainer.storage import open_storage
 
 log = logging.getLogger("trainer")
 
-# Slots of the per-step agreement tensor (all-reduced with MAX).
-_STOP, _CKPT_REQUEST, _INTERVAL, _SAVE_BUSY = range(4)
+# Python's cyclic GC is run by hand every this many steps (see `Trainer.setup`).
+GC_EVERY_STEPS = 50
 
 
 class InjectedFailure(Exception):
-    """Raised by `fail_at_step`: stands in for a bug in the user's training code."""
-
-
-@dataclass
-class RunOptions:
-    checkpoint_uri: str
-    resume: str | None = None  # latest | none | <step>
-    staging_dir: str = "/tmp/regatta-staging"
+    """Raised by `faults.fail_at_step`: stands in for a bug in the user's training code."""
 
 
 class Trainer:
-    def __init__(self, cfg: TrainerConfig, opts: RunOptions, d: Dist, reporter):
-        self.cfg, self.opts, self.d, self.reporter = cfg, opts, d, reporter
+    def __init__(self, cfg: TrainerConfig, run: Run):
+        self.cfg, self.run_, self.d = cfg, run, run.d
         self.step = 0
-        self.sigterm = False
-        self.served_requests: set[str] = set()
-        self.ckpt_every = cfg.checkpoint_every_steps
-        self.use_cuda = d.device.type == "cuda"
+        self.use_cuda = self.d.device.type == "cuda"
         self.autocast_dtype = self._autocast_dtype()
 
     # -- set-up ---------------------------------------------------------------
@@ -58,29 +55,42 @@ class Trainer:
 
     def setup(self) -> None:
         cfg, d = self.cfg, self.d
-        if not self.use_cuda:
+        if self.use_cuda:
+            # TF32 for the matmuls autocast leaves in fp32; bf16 does the rest.
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        else:
             torch.use_deterministic_algorithms(True, warn_only=True)
         # Identical init on every rank (FSDP shards the full tensors it is given).
         torch.manual_seed(cfg.seed)
-        arch = cfg.arch()
-        self.shape = GPTShape(vocab_size=cfg.vocab_size, dropout=cfg.dropout, **arch)
+        self.shape = GPTShape(vocab_size=cfg.vocab_size, dropout=cfg.dropout, **cfg.arch())
         model = GPT(self.shape).to(d.device)
         self.flops_per_token = model.flops_per_token()
         self.n_params = model.num_params()
         self.model = self._wrap(model)
-        self.forward = torch.compile(self.model) if cfg.compile else self.model
+        # Compiled on CUDA by default: the kernels it fuses are most of the gap
+        # to the bare loop there, and its compile time would dominate on CPU.
+        use_compile = cfg.compile if cfg.compile is not None else self.use_cuda
+        self.forward = torch.compile(self.model) if use_compile else self.model
         self.optimizer = torch.optim.AdamW(
             param_groups(self.model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95),
             fused=self.use_cuda or None,
         )
+        self.state = ModelState(self.model, self.optimizer)
         self._seed_rank_rngs()
         train, self.val_data = data.load_splits()
         self.sampler = data.ShardedSampler(train, self.shape.block_size, cfg.batch_size,
                                            d.rank, d.world_size, cfg.seed)
-        self.storage = open_storage(self.opts.checkpoint_uri)
-        self.ckpt = Checkpointer(self.storage, d, cfg.to_dict(), Path(self.opts.staging_dir),
-                                 retention_for(self.reporter, cfg.keep_last), self.reporter)
         self.peak_flops = gpu.peak_flops(d.device)
+        # Automatic cyclic GC pauses grow with the heap and land on random
+        # steps of random ranks, where every other rank then waits for the
+        # straggler at the next collective; a slow decline of tokens/s over a
+        # run is the usual sign. Freeze what set-up allocated (never garbage)
+        # and collect the young generations at fixed steps on every rank, as
+        # torchtitan does.
+        gc.collect()
+        gc.freeze()
+        gc.disable()
 
     def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         if self.cfg.strategy == "fsdp":
@@ -98,21 +108,11 @@ class Trainer:
         random.seed(seed)
         np.random.seed(seed % 2**32)
 
-    def request_stop(self) -> None:
-        """SIGTERM once training runs (trainer/preemption.py). Only a flag: the
-        step in flight finishes, then every rank agrees to stop."""
-        if not self.sigterm:
-            log.warning("SIGTERM: finishing this step, then an emergency checkpoint")
-        self.sigterm = True
-
     def resume(self) -> None:
-        step = self.ckpt.choose_resume(self.opts.resume)
-        self._event("started", f"{self.n_params} parameters on {self.d.world_size} ranks",
-                    {"params": self.n_params, "world_size": self.d.world_size,
-                     "resume_from": step})
-        if step is None:
+        resumed = self.run_.resume(self.state, info={"params": self.n_params})
+        if resumed is None:
             return
-        state = self.ckpt.load(step, self.model, self.optimizer)
+        state = resumed.rank_state
         self.step = int(state["step"])
         self.sampler.load_state_dict(state["sampler"])
         if state.get("world_size") == self.d.world_size:
@@ -120,18 +120,6 @@ class Trainer:
         else:
             log.warning("world size changed (%s -> %s): RNG streams restart from the seed",
                         state.get("world_size"), self.d.world_size)
-        self.served_requests = set(state.get("served_requests", []))
-        self.ckpt_every = state.get("checkpoint_every_steps", self.ckpt_every)
-        uri = self.storage.step_uri(step)
-        log.info("resumed from %s (step %d)", uri, self.step)
-        self._event("resumed", f"resumed from step {self.step}",
-                    {"step": self.step, "uri": uri})
-
-    def _event(self, kind: str, message: str, data: dict) -> None:
-        # Run-level events come from rank 0 alone; `crashed` comes from every
-        # rank (see __main__) so the failing one can be told apart.
-        if self.d.rank == 0:
-            self.reporter.event(kind, message, data)
 
     # -- state ------------------------------------------------------------------
     def _rng_state(self) -> dict:
@@ -151,13 +139,13 @@ class Trainer:
     def trainer_state(self) -> dict:
         return {"step": self.step, "rank": self.d.rank, "world_size": self.d.world_size,
                 "rng": self._rng_state(), "sampler": self.sampler.state_dict(),
-                "served_requests": sorted(self.served_requests),
-                "checkpoint_every_steps": self.ckpt_every, "config": self.cfg.to_dict()}
+                "config": self.cfg.to_dict()}
 
-    def save(self, *, use_async: bool, emergency: bool = False, request_id=None) -> None:
-        self.ckpt.save(self.step, self.model, self.optimizer, self.trainer_state(),
-                       use_async=use_async and self.cfg.async_checkpoint,
-                       emergency=emergency, request_id=request_id)
+    def save(self, *, sync: bool = False, export: bool = False) -> None:
+        self.run_.checkpoint(
+            self.step, self.state, rank_state=self.trainer_state(),
+            sync=sync or not self.cfg.async_checkpoint,
+            export=Export(self.model, self.cfg.to_dict()) if export else None)
 
     # -- the loop ---------------------------------------------------------------
     def lr_at(self, step: int) -> float:
@@ -181,17 +169,25 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(self.d.device.type, dtype=self.autocast_dtype)
 
+    def _to_device(self, x: torch.Tensor, y: torch.Tensor):
+        if not self.use_cuda:
+            return x, y
+        # From pinned memory the copy is truly asynchronous; from pageable
+        # memory `non_blocking` would quietly make the host wait for it.
+        return (x.pin_memory().to(self.d.device, non_blocking=True),
+                y.pin_memory().to(self.d.device, non_blocking=True))
+
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
-        cfg = self.cfg
-        if cfg.fail_at_step and self.step + 1 == cfg.fail_at_step:
-            raise InjectedFailure(f"fail_at_step={cfg.fail_at_step}: simulated user-code error")
+        cfg, faults = self.cfg, self.cfg.faults
+        if faults.fail_at_step and self.step + 1 == faults.fail_at_step:
+            raise InjectedFailure(f"fail_at_step={faults.fail_at_step}: simulated user-code "
+                                  "error")
         lr = self.lr_at(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         total = torch.zeros((), device=self.d.device)
         for micro in range(cfg.grad_accum_steps):
-            x, y = self.sampler.next_batch()
-            x, y = x.to(self.d.device, non_blocking=True), y.to(self.d.device, non_blocking=True)
+            x, y = self._to_device(*self.sampler.next_batch())
             with self._micro_sync(micro == cfg.grad_accum_steps - 1), self._autocast():
                 loss = self.forward(x, y) / cfg.grad_accum_steps
             loss.backward()
@@ -202,112 +198,67 @@ class Trainer:
             norm = norm.full_tensor()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if cfg.step_sleep_s:
-            time.sleep(cfg.step_sleep_s)
+        if faults.step_sleep_s:
+            time.sleep(faults.step_sleep_s)
         self.step += 1
         return total, norm
 
-    def _agree(self) -> list[int]:
-        """One small all-reduce: rank 0's directives, any rank's SIGTERM, and
-        whether any rank still has a checkpoint being written."""
-        flags = [0, 0, 0, 0]
-        if self.sigterm:
-            flags[_STOP] = 1
-        if self.d.rank == 0:
-            directives = self.reporter.directives()
-            if directives.get("stop"):
-                flags[_STOP] = 1
-            request = directives.get("checkpoint_request")
-            if request and request not in self.served_requests:
-                flags[_CKPT_REQUEST] = 1
-                self._request_id = request
-            interval = directives.get("checkpoint_interval_steps")
-            if isinstance(interval, int) and interval > 0:
-                flags[_INTERVAL] = interval
-        if not self.ckpt.local_done():
-            flags[_SAVE_BUSY] = 1
-        t = torch.tensor(flags, dtype=torch.int64, device=self.d.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return t.tolist()
-
     def run(self) -> int:
         cfg, d = self.cfg, self.d
-        samples_per_step = cfg.batch_size * cfg.grad_accum_steps * d.world_size
-        tokens_per_step = samples_per_step * self.shape.block_size
+        tokens_per_step = cfg.batch_size * cfg.grad_accum_steps * d.world_size \
+            * self.shape.block_size
         window_start, window_steps = time.perf_counter(), 0
-        first = True
         log.info("training %s (%d params, %s, %s) from step %d to %d on %d ranks",
                  cfg.model, self.n_params, cfg.strategy, d.backend, self.step, cfg.max_steps,
                  d.world_size)
+        first = True
         while self.step < cfg.max_steps:
-            t0 = time.perf_counter()
             loss, norm = self.train_step()
-            step_time = time.perf_counter() - t0
             window_steps += 1
-            self.reporter.update_status(
-                step=self.step, step_time_s=round(step_time, 5),
-                samples_per_s=round(cfg.batch_size * cfg.grad_accum_steps / step_time, 2),
-                tokens_per_s=round(tokens_per_step / d.world_size / step_time, 1))
+            self.run_.status(step=self.step)
             if first:
                 tighten_timeout(cfg.collective_timeout_s)
                 first = False
             if self.step % cfg.log_every_steps == 0 or self.step == cfg.max_steps:
-                elapsed = time.perf_counter() - window_start
-                self._log_metrics(loss, norm, elapsed / window_steps, tokens_per_step)
+                # The host runs ahead of the GPU, so one step's wall time says
+                # little; a window's average, read where the log synchronises
+                # anyway (loss.item()), is the true rate.
+                self._log_metrics(loss, norm, window_steps, window_start, tokens_per_step)
                 window_start, window_steps = time.perf_counter(), 0
+            if self.step % GC_EVERY_STEPS == 0:
+                gc.collect(1)
             code = self._boundary()
             if code is not None:
                 return code
         return self._finish()
 
     def _boundary(self) -> int | None:
-        stop, request, interval, busy = self._agree()
-        if self.ckpt.pending is not None and not busy:
-            self.ckpt.commit_pending()
-        if interval and interval != self.ckpt_every:
-            log.info("checkpoint interval %s -> %d steps (directive)", self.ckpt_every, interval)
-            self.ckpt_every = interval
-        if stop:
+        save_now = self.run_.should_checkpoint(self.step)
+        if self.run_.should_stop(self.step):
             return self._emergency_stop()
         if self.step >= self.cfg.max_steps:
-            return None
-        request_id = getattr(self, "_request_id", None) if request else None
-        periodic = self.ckpt_every and self.step % self.ckpt_every == 0
-        if request or periodic:
-            if request and self.d.rank == 0:
-                self.served_requests.add(request_id)
-            if request:
-                # Other ranks learn the id so it lands in every rank's state.
-                box = [request_id]
-                dist.broadcast_object_list(box, src=0)
-                self.served_requests.add(box[0])
-                request_id = box[0]
-            self.save(use_async=True, request_id=request_id)
+            return None  # the final save is _finish's
+        if save_now:
+            self.save()
         if self.cfg.val_every_steps and self.step % self.cfg.val_every_steps == 0:
             self.validate()
         return None
 
-    def _commit_current_step(self, emergency: bool) -> None:
-        """Leave a committed checkpoint of this very step, saving only if needed."""
-        if self.ckpt.pending is not None and self.ckpt.pending.step == self.step:
-            self.ckpt.commit_pending()
-        if self.ckpt.last_committed != self.step:
-            self.save(use_async=False, emergency=emergency)
-
     def _emergency_stop(self) -> int:
         log.warning("stopping at step %d: emergency checkpoint", self.step)
-        self._commit_current_step(emergency=True)
-        self._event("emergency_checkpoint", f"emergency checkpoint at step {self.step}",
-                    {"step": self.step, "uri": self.storage.step_uri(self.step)})
-        self.ckpt.close()
-        return EXIT_PREEMPTED
+        self.run_.settle()
+        if self.run_.ckpt.last_committed != self.step:
+            self.save(sync=True)
+        return self.run_.preempted(self.step)
 
     def _finish(self) -> int:
-        self._commit_current_step(emergency=False)
+        self.run_.settle()
+        # The final checkpoint carries the consolidated model (export/), which
+        # the control plane copies to its registry without torch.
+        self.save(sync=True, export=True)
         if self.cfg.val_every_steps:
             self.validate()
-        self.ckpt.close()
-        self._event("finished", f"finished at step {self.step}", {"step": self.step})
+        self.run_.finish(self.step)
         log.info("finished at step %d", self.step)
         return EXIT_OK
 
@@ -325,23 +276,28 @@ class Trainer:
         val = total.item() / (self.cfg.val_batches * self.d.world_size)
         if self.d.rank == 0:
             log.info("step %d val_loss %.4f", self.step, val)
-            self.reporter.metric("val_loss", self.step, val)
+            self.run_.log({"val_loss": val}, step=self.step)
         return val
 
-    def _log_metrics(self, loss, norm, step_time: float, tokens_per_step: int) -> None:
+    def _log_metrics(self, loss, norm, window_steps: int, window_start: float,
+                     tokens_per_step: int) -> None:
         loss = loss.detach().clone()
         dist.all_reduce(loss)
+        loss_v = loss.item() / self.d.world_size  # the one host sync, on log steps only
+        step_time = (time.perf_counter() - window_start) / window_steps
+        tokens_s = tokens_per_step / step_time
+        self.run_.status(
+            step_time_s=round(step_time, 5),
+            samples_per_s=round(tokens_s / self.shape.block_size / self.d.world_size, 2),
+            tokens_per_s=round(tokens_s / self.d.world_size, 1))
         if self.d.rank != 0:
             return
-        loss_v = loss.item() / self.d.world_size
-        tokens_s = tokens_per_step / step_time
         points = {"loss": loss_v, "lr": self.lr_at(self.step - 1), "grad_norm": float(norm),
                   "tokens_per_s": tokens_s, "step_time_s": step_time,
                   "samples_per_s": tokens_s / self.shape.block_size}
         if self.peak_flops:
             points["mfu"] = self.flops_per_token * tokens_s / (self.peak_flops * self.d.world_size)
-        for name, value in points.items():
-            self.reporter.metric(name, self.step, value)
+        self.run_.log(points, step=self.step)
         # cpu is this process's CPU seconds so far: benches compare it, as it is
         # immune to other load on the machine.
         log.info("step %d loss %.4f lr %.2e grad_norm %.3f %.0f tok/s %.3fs/step cpu %.3fs",

@@ -6,9 +6,15 @@ passes it to every rank. What a rank does depends on how far it got:
 - before the training loop (config, rendezvous, model build, resume load)
   there is no state worth saving: it exits 83 at once, with its status file
   and a `preempted` event when reporting is up;
-- once the loop runs, SIGTERM only raises the trainer's flag: the step
-  finishes, every rank agrees to stop, the emergency checkpoint is taken,
-  and the rank exits 83 (`Trainer._emergency_stop`).
+- once the loop runs (from `Run.resume()`, or a run's first step boundary),
+  SIGTERM only raises the run's flag: the step finishes, every rank agrees
+  to stop (`Run.should_stop()`), the emergency checkpoint is taken, and the
+  rank exits 83 (`Run.exit_preempted`).
+
+A program calls `regatta.preemption.install()` as its first line, before
+`import torch`; `regatta.init()` installs it too if the program did not
+(then a thread torch started may take the signal first, and the Python
+handler, which runs once the main thread is back in Python, is the net).
 
 The signal is taken by a thread blocked in `sigwait`, not only by a Python
 handler: a handler runs when the main thread is back in the interpreter, and
@@ -23,11 +29,14 @@ torch.compile's workers) do not inherit a blocked SIGTERM.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable
 
-log = logging.getLogger("trainer")
+from regatta.exits import EXIT_PREEMPTED
+
+log = logging.getLogger("regatta")
 
 _SIGTERM = {signal.SIGTERM}
 
@@ -83,3 +92,33 @@ class Preemption:
             log.warning("SIGTERM during %s, before training: exiting without a checkpoint",
                         self.phase)
             self.on_early(self.phase)
+
+
+_installed: Preemption | None = None
+
+
+def install(on_early: Callable[[str], None] | None = None) -> Preemption:
+    """Take SIGTERM from here on (once per process; later calls return the
+    same object, with `on_early` replaced when one is given)."""
+    global _installed
+    if _installed is None:
+        _installed = Preemption(on_early or exit_early)
+        _installed.install()
+    elif on_early is not None:
+        _installed.on_early = on_early
+    return _installed
+
+
+def exit_early(phase: str) -> None:
+    """SIGTERM before training: status file, `preempted` event, exit 83."""
+    from regatta.launch import Launch
+    from regatta.reporting import report_once
+    from regatta.status import write_status
+
+    launch = Launch.from_env()
+    message = f"SIGTERM during {phase}, before training started: no checkpoint taken"
+    write_status(launch, EXIT_PREEMPTED, message, 0)
+    report_once(launch.env(), launch.rank, "preempted", message,
+                {"phase": phase, "step": 0, "checkpoint": False})
+    logging.shutdown()
+    os._exit(EXIT_PREEMPTED)

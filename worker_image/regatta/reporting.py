@@ -1,27 +1,36 @@
-"""Reporting to the control plane from a background thread.
+"""Reporting to the control plane from a background thread (standard library only).
 
 The training loop only ever appends to bounded queues (holding a lock for
 just the append) or sets attributes; the thread does the HTTP with short
 timeouts and backs off while the control plane is away, so a slow or absent
 control plane costs a step nothing. What a full queue drops is counted and
 reported (a `reports_dropped` event), never lost in silence.
-Without REGATTA_URL/REGATTA_TOKEN the trainer gets a `NullReporter`.
+Without REGATTA_URL/REGATTA_TOKEN a run gets a `NullReporter`.
+
+A metric's value may be a *deferred* value (anything with `ready()` and
+`get()`, e.g. regatta.run's wrapper of a CUDA tensor being copied to the
+host): the thread sends a point only once its value is ready, so logging a
+loss tensor never makes the training loop wait for the GPU.
+
+HTTP is `http.client` with one kept-alive connection per reporter (the
+worker endpoints are hit every few seconds by every rank): no `requests`, so
+the SDK adds nothing to a training image but itself.
 """
 
 from __future__ import annotations
 
 import collections
+import http.client
+import json
 import logging
 import threading
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
-import requests
+log = logging.getLogger("regatta.reporting")
 
-log = logging.getLogger("trainer.reporting")
-
-CONNECT_TIMEOUT_S = 2.0
-READ_TIMEOUT_S = 5.0
+TIMEOUT_S = 5.0
 MAX_BACKOFF_S = 30.0
 METRICS_PER_BATCH = 500
 
@@ -51,7 +60,8 @@ class Reporter(NullReporter):
     def __init__(self, url: str, token: str, attempt_id: str, rank: int, node: str,
                  heartbeat_interval_s: float, gpu_stats=None, max_metrics: int = 10_000,
                  max_events: int = 1_000, job_id: str = ""):
-        self.base = f"{url.rstrip('/')}/api/v1/worker/attempts/{attempt_id}"
+        self.http = _Http(url, token)
+        self.base = f"/api/v1/worker/attempts/{attempt_id}"
         self.rank = rank
         self.node = node
         self.job_id = job_id
@@ -60,8 +70,6 @@ class Reporter(NullReporter):
         self._batch_prefix = f"j{job_id or '?'}-a{attempt_id}-r{rank}"
         self.interval = heartbeat_interval_s
         self.gpu_stats = gpu_stats or (lambda: None)
-        self.session = requests.Session()
-        self.session.headers["Authorization"] = f"Bearer {token}"
         self.max_metrics = max_metrics
         self.max_events = max_events
         # The training thread appends and the reporting thread takes, so every
@@ -91,10 +99,6 @@ class Reporter(NullReporter):
         self._retry_at = 0.0
         self.sent = collections.Counter()
 
-    @property
-    def dropped_metrics(self) -> int:
-        return self.dropped["metrics"]
-
     # -- called from the training loop: never blocks on the network -------------
     def start(self) -> None:
         self._thread.start()
@@ -102,8 +106,11 @@ class Reporter(NullReporter):
     def update_status(self, **status: Any) -> None:
         self.status = {**self.status, **status}
 
-    def metric(self, name: str, step: int, value: float) -> None:
-        point = {"rank": self.rank, "name": name, "step": step, "value": float(value),
+    def metric(self, name: str, step: int, value: Any) -> None:
+        """`value`: a number, or a deferred value (`ready()`, `get()`)."""
+        if not hasattr(value, "ready"):
+            value = float(value)
+        point = {"rank": self.rank, "name": name, "step": step, "value": value,
                  "time": time.time()}
         with self._lock:
             if len(self.metrics) >= self.max_metrics:
@@ -174,7 +181,7 @@ class Reporter(NullReporter):
                         self._next_heartbeat = time.monotonic() + self.interval
                     self._drain()
                     self._backoff = 0.0
-                except (requests.RequestException, ValueError) as exc:
+                except (OSError, http.client.HTTPException, ValueError) as exc:
                     self._backoff = min(MAX_BACKOFF_S, max(0.5, self._backoff * 2))
                     self._retry_at = time.monotonic() + self._backoff
                     log.debug("control plane unreachable (%s); retry in %.1fs", exc, self._backoff)
@@ -187,20 +194,19 @@ class Reporter(NullReporter):
             self._wake.clear()
 
     def _post(self, endpoint: str, body: dict) -> dict:
-        resp = self.session.post(f"{self.base}/{endpoint}", json=body,
-                                 timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S))
-        if resp.status_code in (401, 403, 404, 400, 422):
+        status, data = self.http.post(f"{self.base}/{endpoint}", body)
+        if status in (401, 403, 404, 400, 413, 422):
             # A permanent refusal: retrying will not help, so drop the item.
-            log.warning("control plane refused %s: %s %s", endpoint, resp.status_code,
-                        resp.text[:200])
+            log.warning("control plane refused %s: %s %s", endpoint, status, data[:200])
             self.sent[f"{endpoint}_refused"] += 1
             return {}
-        resp.raise_for_status()
+        if status >= 300:
+            raise http.client.HTTPException(f"{endpoint}: HTTP {status}")
         # The backoff counts failures in a row: one answer proves the control
         # plane is there, even if the round as a whole fails later.
         self._backoff = 0.0
         self.sent[endpoint] += 1
-        return resp.json() if resp.content else {}
+        return json.loads(data) if data else {}
 
     def _heartbeat(self) -> None:
         body = {"rank": self.rank, "node": self.node, **self.status, "gpu": self.gpu_stats(),
@@ -219,11 +225,17 @@ class Reporter(NullReporter):
     def _take_metric_batch(self) -> dict | None:
         with self._lock:
             if self._metric_batch is None and self.metrics:
-                n = min(len(self.metrics), METRICS_PER_BATCH)
+                points = []
+                # In order, up to the first value still on its way to the host.
+                while self.metrics and len(points) < METRICS_PER_BATCH \
+                        and _resolve(self.metrics[0]):
+                    points.append(self.metrics.popleft())
+                if not points:
+                    return None
                 self._metric_batch = {
                     "batch_id": f"{self._batch_prefix}-{self._batch_seq}",
                     "job_id": self.job_id,
-                    "points": [self.metrics.popleft() for _ in range(n)],
+                    "points": points,
                 }
                 self._batch_seq += 1
             return self._metric_batch
@@ -256,7 +268,52 @@ class Reporter(NullReporter):
                 return
 
 
-def from_env(env: dict[str, str], rank: int, heartbeat_interval_s: float,
+def _resolve(point: dict) -> bool:
+    """Turn a ready deferred value into a float in place; False if not ready."""
+    value = point["value"]
+    if isinstance(value, float):
+        return True
+    if not value.ready():
+        return False
+    point["value"] = float(value.get())
+    return True
+
+
+class _Http:
+    """One kept-alive HTTP/1.1 connection, opened again after any failure."""
+
+    def __init__(self, url: str, token: str) -> None:
+        parts = urlsplit(url)
+        self.scheme, self.netloc = parts.scheme, parts.netloc
+        self.prefix = parts.path.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {token}",
+                        "Content-Type": "application/json", "Connection": "keep-alive"}
+        self.conn: http.client.HTTPConnection | None = None
+
+    def post(self, path: str, body: dict) -> tuple[int, bytes]:
+        data = json.dumps(body).encode()
+        if self.conn is None:
+            cls = (http.client.HTTPSConnection if self.scheme == "https"
+                   else http.client.HTTPConnection)
+            self.conn = cls(self.netloc, timeout=TIMEOUT_S)
+        try:
+            self.conn.request("POST", self.prefix + path, body=data, headers=self.headers)
+            resp = self.conn.getresponse()
+            payload = resp.read()
+        except BaseException:
+            self.close()
+            raise
+        if resp.will_close:
+            self.close()
+        return resp.status, payload
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+def from_env(env, rank: int, heartbeat_interval_s: float,
              gpu_stats=None) -> NullReporter:
     url, token = env.get("REGATTA_URL"), env.get("REGATTA_TOKEN")
     if not url or not token:
@@ -264,3 +321,12 @@ def from_env(env: dict[str, str], rank: int, heartbeat_interval_s: float,
     return Reporter(url, token, env.get("REGATTA_ATTEMPT_ID", "0"), rank,
                     env.get("REGATTA_NODE", ""), heartbeat_interval_s, gpu_stats,
                     job_id=env.get("REGATTA_JOB_ID", ""))
+
+
+def report_once(env, rank: int, kind: str, message: str, data: dict) -> None:
+    """Send one event from a reporter of its own, for exits before a run's
+    reporter exists; a no-op without a control plane."""
+    reporter = from_env(env, rank, 1.0)
+    reporter.event(kind, message, data)
+    reporter.start()
+    reporter.close(timeout_s=3.0)

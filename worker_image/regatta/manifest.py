@@ -2,8 +2,8 @@
 
 A `step-N/` folder counts only when `COMMITTED` exists, holds the sha256 of
 `manifest.json`, and every file the manifest lists has its recorded size and
-sha256. The control plane imports this (through `trainer.storage`) to verify
-checkpoints; the trainer uses it to build them.
+sha256. The control plane imports this (through `regatta.storage`, without
+torch) to verify checkpoints; the SDK uses it to build them.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """Where checkpoints live: a filesystem path or S3, behind one small interface.
 
+Standard library only (boto3 for S3, imported when an s3:// URI is opened:
+the `s3` extra).
+
 Keys are relative to the checkpoint root, e.g. ``step-200/manifest.json``.
 The control plane uses this module (without torch) to list, verify and prune
 checkpoints:
@@ -25,7 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from trainer import manifest as mf
+from regatta import manifest as mf
 
 STEP_RE = re.compile(r"^step-(\d+)$")
 

@@ -1,7 +1,8 @@
 """Exit codes and the failure class each one stands for (docs/trainer-protocol.md).
 
-Kept apart from `trainer.distributed` so that code running before torch is
-imported (config rejection, an early SIGTERM) can name them.
+Standard library only, so code running before torch is imported (config
+rejection, an early SIGTERM) can name them. A user program exits 83
+(`EXIT_PREEMPTED`) after its emergency checkpoint: `Run.exit_preempted`.
 """
 
 EXIT_OK = 0

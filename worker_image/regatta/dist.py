@@ -10,7 +10,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from trainer.exits import EXIT_CODE_ERROR, EXIT_COLLECTIVE
+from regatta.exits import EXIT_CODE_ERROR, EXIT_COLLECTIVE
 
 
 @dataclass(frozen=True)
@@ -21,10 +21,15 @@ class Dist:
     device: torch.device
     backend: str
     ckpt_group: object  # a gloo group of its own, so async saves never share a queue with training
+    # Another gloo group for the per-step agreement (trainer/agreement.py):
+    # CPU tensors, so reading its result never waits for the GPU, and apart
+    # from ckpt_group, whose collectives DCP runs from its own thread.
+    control_group: object
 
 
 def init(startup_timeout_s: float) -> Dist:
-    """env:// initialisation: NCCL with CUDA, gloo without.
+    """env:// initialisation: NCCL with CUDA, gloo without; or, when the
+    program already initialised torch.distributed, that group.
 
     NCCL_* variables are left exactly as the launcher set them; the generous
     start-up timeout covers slow rendezvous and first-step compilation and is
@@ -43,9 +48,16 @@ def init(startup_timeout_s: float) -> Dist:
     else:
         device, backend = torch.device("cpu"), "gloo"
     timeout = timedelta(seconds=startup_timeout_s)
-    kwargs = {"device_id": device} if backend == "nccl" else {}
-    dist.init_process_group(backend=backend, init_method="env://", timeout=timeout, **kwargs)
+    if not dist.is_initialized():
+        kwargs = {"device_id": device} if backend == "nccl" else {}
+        dist.init_process_group(backend=backend, init_method="env://", timeout=timeout,
+                                **kwargs)
+    else:
+        # The program made its own group (a user's script); the SDK adds its
+        # two gloo groups beside it and leaves the default group alone.
+        backend = dist.get_backend()
     ckpt_group = dist.new_group(backend="gloo", timeout=timeout)
+    control_group = dist.new_group(backend="gloo", timeout=timeout)
     return Dist(
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
@@ -53,6 +65,7 @@ def init(startup_timeout_s: float) -> Dist:
         device=device,
         backend=backend,
         ckpt_group=ckpt_group,
+        control_group=control_group,
     )
 
 

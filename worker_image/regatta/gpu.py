@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-log = logging.getLogger("trainer.gpu")
+log = logging.getLogger("regatta.gpu")
 
 # Dense bf16 peak FLOP/s (no sparsity), from the vendors' data sheets.
 PEAK_BF16_FLOPS = {

@@ -1,0 +1,387 @@
+"""`regatta.init()` and the `Run` it returns: the SDK's public surface.
+
+One `Run` per rank. It reads the launch contract (regatta/launch.py), joins
+or makes the process group, reports from a background thread
+(regatta/reporting.py), checkpoints into `step-N/` folders with a manifest
+and a commit marker (regatta/checkpoint.py), resumes from the checkpoint the
+control plane chose, and agrees directives and SIGTERM across ranks without
+a per-step host sync (regatta/agreement.py). docs/sdk.md is the reference.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+import traceback
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NoReturn
+
+import torch
+
+from regatta import dist as rdist
+from regatta import gpu, loading, preemption, reporting
+from regatta.agreement import Decision, Directives
+from regatta.checkpoint import Checkpointer
+from regatta.exits import EXIT_OK, EXIT_PREEMPTED, FAILURE_CLASS
+from regatta.launch import Launch
+from regatta.loading import Resumed
+from regatta.retention import retention_for
+from regatta.state import Export
+from regatta.status import write_status
+from regatta.storage import open_storage
+
+log = logging.getLogger("regatta")
+
+
+class _OnHost:
+    """A CUDA tensor on its way to host memory: `run.log` never waits for it;
+    the reporting thread sends it once the copy's event has completed."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.value = tensor.detach().to("cpu", non_blocking=True)
+        self.event = torch.cuda.Event()
+        self.event.record()
+
+    def ready(self) -> bool:
+        return self.event.query()
+
+    def get(self) -> float:
+        return self.value.float().item()
+
+
+def _loggable(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return _OnHost(value) if value.is_cuda else value.detach().float().item()
+    return float(value)
+
+
+class Run:
+    """One rank of a training run. Made by `regatta.init()`."""
+
+    def __init__(self, launch: Launch, d: rdist.Dist, reporter, ckpt: Checkpointer,
+                 guard: preemption.Preemption, checkpoint_every: int,
+                 async_checkpoint: bool) -> None:
+        self.launch, self.d, self.reporter, self.ckpt = launch, d, reporter, ckpt
+        self.guard = guard
+        self.async_checkpoint = async_checkpoint
+        self.directives = Directives(d, reporter, checkpoint_every)
+        self.step = 0
+        self.closed = False
+        self._stop_seen = True  # should_stop() runs a boundary of its own when True
+        self._armed = False
+
+    # -- who and where ---------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.d.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.d.world_size
+
+    @property
+    def local_rank(self) -> int:
+        return self.d.local_rank
+
+    @property
+    def device(self) -> torch.device:
+        return self.d.device
+
+    @property
+    def storage(self):
+        return self.ckpt.storage
+
+    # -- reporting ----------------------------------------------------------------------
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        """Metric points for `step`. Never blocks: tensors on the GPU are
+        copied to the host asynchronously and sent once there; the buffer is
+        bounded, what overflows is counted and reported."""
+        self.step = max(self.step, step)
+        self.reporter.update_status(step=self.step)
+        for name, value in metrics.items():
+            self.reporter.metric(name, step, _loggable(value))
+
+    def status(self, **progress: Any) -> None:
+        """What the next heartbeat carries: step, tokens_per_s, samples_per_s,
+        step_time_s."""
+        if "step" in progress:
+            self.step = max(self.step, int(progress["step"]))
+        self.reporter.update_status(**progress)
+
+    def event(self, kind: str, message: str = "", **data: Any) -> None:
+        """An event on the job's timeline (snake_case kind), from this rank."""
+        self.reporter.event(kind, message, data)
+
+    def _main_event(self, kind: str, message: str, data: dict) -> None:
+        # Run-level events come from rank 0 alone; `crashed` from every rank.
+        if self.rank == 0:
+            self.reporter.event(kind, message, data)
+
+    # -- directives and SIGTERM -------------------------------------------------------
+    def should_checkpoint(self, step: int) -> bool:
+        """Whether to save at `step`: the job's every-N policy, the control
+        plane's auto interval, a "checkpoint now" request, or the synchronous
+        retake of a failed async save. Collective: call it once per step on
+        every rank; every rank gets the same answer at the same step."""
+        d = self._boundary(step)
+        if d.stop:
+            return False  # the emergency checkpoint after should_stop() is the save
+        every = self.directives.checkpoint_every
+        periodic = bool(every) and step % every == 0
+        return periodic or d.request_id is not None or d.fallback
+
+    def should_stop(self, step: int | None = None) -> bool:
+        """Whether to stop now (a stop directive, a drain, a spot notice:
+        SIGTERM on any rank): then take the emergency checkpoint and call
+        `exit_preempted`. Uses this step's boundary when `should_checkpoint`
+        already ran it; otherwise runs one (collective, like it)."""
+        if step is not None:
+            self._boundary(step)
+        elif self._stop_seen:
+            self._boundary(self.directives.decision.step + 1)
+        self._stop_seen = True
+        return self.stopping
+
+    @property
+    def stopping(self) -> bool:
+        return self.directives.stopping
+
+    @property
+    def checkpoint_every(self) -> int:
+        return self.directives.checkpoint_every
+
+    def _boundary(self, step: int) -> Decision:
+        if step == self.directives.decision.step:
+            return self.directives.decision
+        self._arm()
+        self.step = max(self.step, step)
+        self._stop_seen = False
+        return self.directives.boundary(step, self.ckpt)
+
+    def _on_sigterm(self) -> None:
+        if not self.directives.sigterm:
+            log.warning("SIGTERM: finishing this step, then an emergency checkpoint")
+        self.directives.sigterm = True
+
+    def _arm(self) -> None:
+        """From here on SIGTERM is a flag the ranks agree on, not an exit."""
+        if not self._armed:
+            self._armed = True
+            self.guard.training(self._on_sigterm)
+
+    def phase(self, name: str) -> None:
+        """Name what the rank does before training (it goes into the report
+        of a SIGTERM that comes then)."""
+        self.guard.enter(name)
+
+    # -- checkpoints -------------------------------------------------------------------
+    def checkpoint(self, step: int, state: Any, *, rank_state: Any = None,
+                   export: Export | None = None, sync: bool | None = None) -> bool:
+        """Save `state` (a dict of tensors and `Stateful`s, or a `Stateful`
+        such as `regatta.ModelState(model, optimizer)`) as step-N with DCP,
+        sharded. Collective. Async by default, except after `should_stop()`
+        (the emergency checkpoint) and with `export`; `rank_state` is any
+        picklable per-rank object (RNG states, data position). Never raises
+        for a failed save: it is reported and retaken (see docs/sdk.md)."""
+        if self._saved(step):
+            return True
+        use_async = self.async_checkpoint and not self.stopping and not sync
+        request_id = self.directives.request_for(step)
+        self.step = max(self.step, step)
+        return self.ckpt.save(step, state, self._rank_state(rank_state),
+                              use_async=use_async, emergency=self.stopping,
+                              request_id=request_id, export=export)
+
+    def checkpoint_dir(self, step: int) -> Path:
+        """A local folder to write step-N's files into, for `checkpoint_files`."""
+        path = self.ckpt.step_dir(step)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def checkpoint_files(self, step: int, folder: str | os.PathLike | None = None) -> bool:
+        """Commit files the program wrote (an HF `save_pretrained` folder, a
+        Lightning `.ckpt`) as step-N: from `folder` (copied in), or what it
+        wrote into `checkpoint_dir(step)`. Collective and synchronous; a
+        rank with nothing to add passes a folder of its own or nothing."""
+        if self._saved(step):
+            return True
+        request_id = self.directives.request_for(step)
+        self.step = max(self.step, step)
+        return self.ckpt.save_files(step, Path(folder) if folder is not None else None,
+                                    emergency=self.stopping, request_id=request_id)
+
+    def _saved(self, step: int) -> bool:
+        """Whether step-N is saved already (a periodic save, then the stop
+        path's at the same step): it is not taken twice. When stopping, an
+        async save in flight is finished first."""
+        if self.stopping:
+            self.settle()
+        pending = self.ckpt.pending
+        return self.ckpt.last_committed == step or (pending is not None and pending.step == step)
+
+    def _rank_state(self, rank_state: Any) -> dict:
+        # The run's own state travels with the program's, so that a resumed
+        # run neither serves a checkpoint request twice nor loses an interval
+        # the control plane set.
+        return {"regatta": self.directives.state_dict(), "rank_state": rank_state}
+
+    def resume(self, state: Any = None, *, info: Mapping[str, Any] | None = None
+               ) -> Resumed | None:
+        """Load the checkpoint the control plane chose (REGATTA_RESUME_URI or
+        REGATTA_RESUME_STEP; standalone, the newest verified), verified
+        against its manifest; None to start fresh. With `state`, DCP state
+        is loaded into it in place; without, `Resumed.path` is the step's
+        folder (downloaded first from S3). Collective. Sends `started` (with
+        `info`) and `resumed` events."""
+        step = loading.choose(self.ckpt, self.launch.resume_step, self.launch.resume_uri,
+                              self._skipped)
+        self._main_event("started", f"{self.world_size} ranks, resuming from {step}",
+                         {**(info or {}), "world_size": self.world_size, "resume_from": step})
+        if step is None:
+            self._arm()
+            return None
+        if state is None:
+            path, _ = loading.local_folder(self.ckpt, step)
+            resumed = Resumed(step, self.storage.step_uri(step), None, path)
+            self.ckpt.last_committed = step
+        else:
+            resumed = self._restore(loading.load_state(self.ckpt, step, state))
+        self.step = step
+        log.info("resumed from %s (step %d)", resumed.uri, step)
+        self._main_event("resumed", f"resumed from step {step}",
+                         {"step": step, "uri": resumed.uri})
+        self._arm()
+        return resumed
+
+    def _restore(self, resumed: Resumed) -> Resumed:
+        saved = resumed.rank_state if isinstance(resumed.rank_state, dict) else {}
+        self.directives.load_state_dict(saved.get("regatta", {}))
+        resumed.rank_state = saved.get("rank_state")
+        return resumed
+
+    def _skipped(self, step: int, reason: str) -> None:
+        log.warning("checkpoint_skipped step-%d: %s", step, reason)
+        self.reporter.event("checkpoint_skipped", reason, {"step": step, "reason": reason})
+
+    # -- the end ------------------------------------------------------------------------
+    def settle(self) -> None:
+        """Wait for the agreement in flight and commit a pending save (every
+        rank, at the same step): before the final or emergency checkpoint."""
+        self.directives.agreement.drain()
+        if self.ckpt.pending is not None:
+            self.ckpt.commit_pending()
+
+    def finish(self, step: int | None = None) -> None:
+        """The run succeeded: commit what is pending, send `finished`, write
+        the status file (exit 0) and stop reporting."""
+        self.settle()
+        step = self.step if step is None else step
+        self._main_event("finished", f"finished at step {step}", {"step": step})
+        self.close(EXIT_OK, None, step)
+
+    def preempted(self, step: int | None = None) -> int:
+        """After the emergency checkpoint: the `emergency_checkpoint` event,
+        status 83; returns 83 (`exit_preempted` exits with it)."""
+        self.settle()
+        step = self.step if step is None else step
+        self._main_event("emergency_checkpoint", f"emergency checkpoint at step {step}",
+                         {"step": step, "uri": self.storage.step_uri(step),
+                          "committed": self.ckpt.last_committed == step})
+        self.close(EXIT_PREEMPTED, "stopped: emergency checkpoint taken", step)
+        return EXIT_PREEMPTED
+
+    def exit_preempted(self, step: int | None = None) -> NoReturn:
+        """`preempted`, then exit with code 83 (what the control plane reads
+        as "preempted, resume me")."""
+        _exit(self.preempted(step))
+
+    def crashed(self, exc: BaseException, code: int) -> None:
+        """Report an exception that ends the run (every rank sends its own)."""
+        summary = _summary(exc)
+        log.error("crashed (exit %d, %s):\n%s", code, FAILURE_CLASS[code], summary)
+        self.reporter.event("crashed", f"{type(exc).__name__}: {exc}"[:500], {
+            "error_type": type(exc).__name__, "traceback": summary,
+            "failure_class": FAILURE_CLASS[code]})
+
+    def close(self, code: int, error: str | None = None, step: int | None = None) -> None:
+        """Write the status file and flush the reports (once)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.ckpt.close()
+        write_status(self.launch, code, error, self.step if step is None else step)
+        self.reporter.close(timeout_s=5.0)
+
+    def preempted_early(self, phase: str) -> None:
+        """SIGTERM before training: nothing to save; report and exit 83."""
+        message = f"SIGTERM during {phase}, before training started: no checkpoint taken"
+        self.reporter.event("preempted", message, {"phase": phase, "step": 0,
+                                                   "checkpoint": False})
+        self.close(EXIT_PREEMPTED, message, 0)
+        _exit(EXIT_PREEMPTED)
+
+
+def _summary(exc: BaseException) -> str:
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return text if len(text) < 4000 else text[:1000] + "\n...\n" + text[-3000:]
+
+
+def _exit(code: int) -> NoReturn:
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # os._exit: on CPU, gloo ranks can otherwise abort in interpreter
+    # teardown (c10d destructors) and turn a clean exit into a crash.
+    os._exit(code)
+
+
+def init(*, config: Mapping[str, Any] | None = None, checkpoint_every: int | None = None,
+         keep_last: int = 3, async_checkpoint: bool = True, heartbeat_interval_s: float = 5.0,
+         startup_timeout_s: float = 1800.0, launch: Launch | None = None,
+         staging_dir: str | os.PathLike | None = None, stager_factory=None) -> Run:
+    """Start this rank's run from the launch contract in the environment.
+
+    Joins the process group the program made, or makes one (NCCL with CUDA,
+    gloo without). `config` is written to each checkpoint as config.json;
+    `checkpoint_every` defaults to REGATTA_CHECKPOINT_EVERY (0: only when
+    asked); `keep_last` applies only without a control plane (with one, it
+    prunes). Reporting starts at once (heartbeats from a background thread).
+    """
+    launch = launch or Launch.from_env()
+    guard = preemption.install()
+    guard.enter("rendezvous")
+    d = rdist.init(startup_timeout_s)
+    reporter = reporting.from_env(launch.env(), d.rank, heartbeat_interval_s,
+                                  gpu.nvml_sampler(d.device))
+    reporter.start()
+    staging = Path(staging_dir or Path(tempfile.gettempdir()) / "regatta-staging")
+    ckpt = Checkpointer(open_storage(launch.checkpoint_uri), d,
+                        dict(config) if config is not None else None, staging,
+                        retention_for(launch.managed, keep_last), reporter, stager_factory)
+    every = launch.checkpoint_every if checkpoint_every is None else checkpoint_every
+    run = Run(launch, d, reporter, ckpt, guard, every, async_checkpoint)
+    guard.on_early = run.preempted_early
+    guard.enter("setup")
+    _report_uncaught(run)
+    return run
+
+
+def _report_uncaught(run: Run) -> None:
+    """An exception nobody caught ends the rank as the built-in trainer's
+    would: a `crashed` event, the status file, the exit code of its class
+    (84 for a lost peer, 1 for anything else)."""
+    previous = sys.excepthook
+
+    def hook(exc_type, exc, tb):
+        previous(exc_type, exc, tb)
+        if run.closed or not isinstance(exc, Exception):
+            return
+        code = rdist.classify(exc)
+        run.crashed(exc, code)
+        run.close(code, f"{exc_type.__name__}: {exc}")
+        _exit(code)
+
+    sys.excepthook = hook
