@@ -4,13 +4,18 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+# The control plane itself needs no torch; the local fleet's ranks (the
+# worker package, in the same virtualenv) do. Pinned: an open range would
+# pull the newest CUDA build.
+TORCH ?= 2.13.0
 
-.PHONY: run test install migrate demo lint bench clean
+.PHONY: run test test-fast install migrate demo lint bench clean
 
 $(STAMP): pyproject.toml worker_image/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ./worker_image -e '.[test]'
+	@echo "Installing Regatta, and the worker package with torch $(TORCH) for the local fleet's ranks"
+	$(PY) -m pip install --quiet torch==$(TORCH) -e './worker_image[trainer,s3]' -e '.[test]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -18,9 +23,14 @@ install: $(STAMP)
 migrate: install
 	$(PY) manage.py migrate --noinput
 
-demo: migrate
-	$(PY) manage.py regatta_demo
+# DEMO_ARGS=--no-job starts the demo world without submitting the demo job.
+DEMO_ARGS ?=
 
+demo: migrate
+	$(PY) manage.py regatta_demo $(DEMO_ARGS)
+
+# For a terminal: Ctrl-C reaches the whole process group. A supervisor that
+# signals one PID should run ./run instead: make does not pass SIGINT on.
 run: demo
 	$(PY) manage.py regatta_up
 
@@ -29,7 +39,13 @@ run: demo
 # `make run`. Set REGATTA_STATE_DIR to put it elsewhere (.ci/run does).
 test: export REGATTA_STATE_DIR ?= $(CURDIR)/.regatta/test
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=25 $(PYTEST_ARGS)
+
+# The inner loop: no torchrun ranks, no browser, no end-to-end fleet (the
+# tests marked slow); the whole suite is `make test`.
+test-fast: export REGATTA_STATE_DIR ?= $(CURDIR)/.regatta/test
+test-fast: install
+	$(PY) -m pytest -m "not slow" --durations=10 $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

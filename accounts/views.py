@@ -4,11 +4,11 @@ from rest_framework import generics, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs.permissions import IsPerson, is_operator
-from jobs.validators import TokenValidator
+from accounts.permissions import IsPerson, is_operator
 
 from .models import ApiToken
 from .serializers import ApiTokenSerializer, MeSerializer, NewApiTokenSerializer
+from .validators import TokenValidator
 
 
 def own_tokens(user):

@@ -40,7 +40,7 @@ def build(points: int):
     from clusters.models import Cluster, NodePool
     from jobs.models import JobAttempt, MetricPoint, Team, TrainingJob
 
-    cluster = Cluster.objects.create(name="bench", provider="memory")
+    cluster = Cluster.objects.create(name="bench", provider="local")
     pool = NodePool.objects.create(cluster=cluster, name="p", gpus_per_node=8, size=4)
     team = Team.objects.create(name="bench")
     job = TrainingJob.objects.create(name="million", team=team, cluster=cluster, pool=pool,

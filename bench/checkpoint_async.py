@@ -23,12 +23,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from regatta.checkpoint import Checkpointer
+from regatta.dist import Dist
+from regatta.reporting import NullReporter
+from regatta.retention import KeepLast
+from regatta.state import ModelState
+from regatta.storage import LocalStorage
 from torch.distributed.checkpoint.state_dict import get_state_dict
-from trainer.checkpoint import Checkpointer, KeepLast
-from trainer.distributed import Dist
 from trainer.model import GPT, GPTShape
-from trainer.reporting import NullReporter
-from trainer.storage import LocalStorage
 
 
 def init_single() -> Dist:
@@ -37,7 +39,8 @@ def init_single() -> Dist:
         port = s.getsockname()[1]
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
     dist.init_process_group("gloo")
-    return Dist(0, 1, 0, torch.device("cpu"), "gloo", dist.new_group(backend="gloo"))
+    return Dist(0, 1, 0, torch.device("cpu"), "gloo", dist.new_group(backend="gloo"),
+                dist.new_group(backend="gloo"))
 
 
 def dir_bytes(path: Path) -> int:
@@ -79,11 +82,11 @@ def main() -> None:
     for _ in range(args.repeat):
         step += 1
         t0 = time.perf_counter()
-        ckpt.save(step, model, opt, state, use_async=False)
+        ckpt.save(step, ModelState(model, opt), state, use_async=False)
         sync_block.append(time.perf_counter() - t0)
         step += 1
         t0 = time.perf_counter()
-        ckpt.save(step, model, opt, state, use_async=True)
+        ckpt.save(step, ModelState(model, opt), state, use_async=True)
         async_block.append(time.perf_counter() - t0)
         ckpt.pending.local.result()
         ckpt.commit_pending()

@@ -104,7 +104,7 @@ def main() -> None:
         from clusters.models import Cluster, NodePool
         from jobs.models import Team
 
-        cluster = Cluster.objects.create(name="bench", provider="memory")
+        cluster = Cluster.objects.create(name="bench", provider="local")
         pool = NodePool.objects.create(cluster=cluster, name="p", gpus_per_node=8, size=4)
         team = Team.objects.create(name="bench")
         start = time.perf_counter()

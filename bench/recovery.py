@@ -215,7 +215,7 @@ def start_control_plane(workdir: Path, max_hardware_restarts: int, trainer: dict
 def sweep_until(predicate, timeout=300.0):
     """Beat's sweeps every 0.5 s until `predicate()` is truthy."""
     from clusters.tasks import sweep_clusters
-    from jobs.tasks import sweep_jobs
+    from jobs.tasks import sweep_admission, sweep_jobs
 
     deadline = time.monotonic() + timeout
     last = 0.0
@@ -223,6 +223,7 @@ def sweep_until(predicate, timeout=300.0):
         if time.monotonic() - last > 0.5:
             sweep_jobs.delay()
             sweep_clusters.delay()
+            sweep_admission.delay()
             last = time.monotonic()
         value = predicate()
         if value:

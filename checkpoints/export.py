@@ -1,25 +1,34 @@
 """Export a job's final checkpoint as a ModelArtifact in the registry.
 
-The DCP folder (model and optimizer shards) is converted into one torch.save
-file with `dcp_to_torch_save`, the model's weights are kept (the optimizer
-state is not part of a released model), and the trainer's config.json goes
-beside them. The registry is a folder, settings.ARTIFACT_ROOT:
-`<name>/v<version>/model.pt` and `config.json`.
+The control plane never imports torch: consolidating a model is the worker
+image's work. The trainer (and any program through the SDK's `Export`)
+writes the consolidated model into its final checkpoint, `step-N/export/`
+(`model.pt`, a plain state_dict, and `config.json`), listed in the manifest
+like every other file. The registry, a folder (settings.ARTIFACT_ROOT,
+`<name>/v<version>/`), keeps a copy of those files; a checkpoint with no
+`export/` folder (a program of the job's own that saved files of its own
+kind) is kept whole instead. Every copy is checked against the manifest.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from regatta import manifest as mf
 
 from .models import ModelArtifact
-from .storage import open_job_storage
+
+EXPORT_DIR = "export/"
+MODEL_FILE = "model.pt"
+CONFIG_FILE = "config.json"
+
+
+class ExportError(RuntimeError):
+    """The final checkpoint could not be exported; the message says why."""
 
 
 def artifact_name(job) -> str:
@@ -27,49 +36,77 @@ def artifact_name(job) -> str:
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(4 << 20):
-            h.update(chunk)
-    return h.hexdigest()
+    return mf.sha256_file(path)[0]
 
 
-def export_final(job, checkpoint, now) -> ModelArtifact:
-    """Idempotent: the job's artifact is made once, whoever asks again."""
+def exported_files(manifest: dict) -> tuple[str, dict[str, dict]]:
+    """(format, {path in the artifact: manifest entry, with its source path})
+    for a final checkpoint's manifest: its `export/` folder if it has one,
+    else every file of the checkpoint."""
+    files = manifest.get("files") or {}
+    export = {rel[len(EXPORT_DIR):]: {**e, "source": rel}
+              for rel, e in files.items() if rel.startswith(EXPORT_DIR)}
+    if export:
+        return ("torch" if MODEL_FILE in export else "files"), export
+    whole = {rel: {**e, "source": rel} for rel, e in files.items()}
+    return ("dcp" if ".metadata" in files else "files"), whole
+
+
+def export_final(job, checkpoint, storage, now) -> ModelArtifact:
+    """Idempotent: the job's artifact is made once, whoever asks again.
+    Raises ExportError (or a storage error) when it cannot be made."""
     existing = ModelArtifact.objects.filter(job=job, checkpoint=checkpoint).first()
     if existing is not None:
         return existing
-    import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    name = artifact_name(job)
-    version = 1
+    manifest = storage.read_manifest(checkpoint.step)
+    if not manifest:
+        raise ExportError(f"step-{checkpoint.step} has no manifest to export from")
+    fmt, files = exported_files(manifest)
+    name, version = artifact_name(job), 1
     target = Path(settings.ARTIFACT_ROOT) / name / f"v{version}"
-    target.mkdir(parents=True, exist_ok=True)
-    storage = open_job_storage(job)
-    with tempfile.TemporaryDirectory(prefix="regatta-export-") as tmp:
-        source = storage.local_dir(checkpoint.step)
-        if source is None:
-            source = storage.download_step(checkpoint.step, Path(tmp) / "step")
-        whole = Path(tmp) / "whole.pt"
-        dcp_to_torch_save(str(source), str(whole))
-        state = torch.load(whole, weights_only=False, map_location="cpu")
-        weights = state.get("model", state)
-        torch.save(weights, target / "model.pt")
-        config_file = Path(source) / "config.json"
-        config = json.loads(config_file.read_text()) if config_file.exists() else {}
-    (target / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True))
-    model_file = target / "model.pt"
+    _copy(storage, checkpoint.step, files, target)
+    config = _config(target, files)
+    listing = {rel: {"sha256": e["sha256"], "bytes": int(e["bytes"])} for rel, e in files.items()}
+    primary = target / MODEL_FILE if fmt == "torch" else target
+    sha = _sha256(primary) if primary.is_file() else mf.sha256_bytes(
+        json.dumps(listing, sort_keys=True).encode())
     try:
         with transaction.atomic():
             return ModelArtifact.objects.create(
-                job=job, checkpoint=checkpoint, name=name, version=version,
-                uri=str(model_file), bytes=model_file.stat().st_size, sha256=_sha256(model_file),
-                format="torch", config=config, created_at=now,
+                job=job, checkpoint=checkpoint, name=name, version=version, uri=str(primary),
+                bytes=sum(e["bytes"] for e in listing.values()), sha256=sha, format=fmt,
+                config=config, files=listing, created_at=now,
             )
     except IntegrityError:
         return ModelArtifact.objects.get(name=name, version=version)
 
 
-def remove_files(artifact: ModelArtifact) -> None:
-    shutil.rmtree(Path(artifact.uri).parent, ignore_errors=True)
+def _copy(storage, step: int, files: dict[str, dict], target: Path) -> None:
+    """Each file from the checkpoint into `target`, checked against its
+    manifest entry; a half-made copy is removed."""
+    staging = target.with_name(f".{target.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        for rel, entry in files.items():
+            dest = staging / rel
+            if ".." in Path(rel).parts:
+                raise ExportError(f"refusing the path {rel!r} in step-{step}'s manifest")
+            storage.download_file(f"step-{step}/{entry['source']}", dest)
+            digest, size = mf.sha256_file(dest)
+            if digest != entry["sha256"] or size != int(entry["bytes"]):
+                raise ExportError(f"step-{step}/{entry['source']} does not match its manifest")
+        shutil.rmtree(target, ignore_errors=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _config(target: Path, files: dict[str, dict]) -> dict:
+    if CONFIG_FILE not in files:
+        return {}
+    try:
+        config = json.loads((target / CONFIG_FILE).read_text())
+    except ValueError:
+        return {}
+    return config if isinstance(config, dict) else {}

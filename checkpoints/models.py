@@ -8,6 +8,9 @@ class Checkpoint(models.Model):
         COMMITTED = "committed"  # the trainer wrote the manifest and marker
         VERIFIED = "verified"  # the control plane re-read it and the checksums match
         CORRUPT = "corrupt"
+        # On the branch a person's restart from an earlier step left: never
+        # resumed from nor offered, pruned like a corrupt one.
+        ABANDONED = "abandoned"
         DELETED = "deleted"
 
     LOADABLE = (State.COMMITTED, State.VERIFIED)
@@ -54,8 +57,12 @@ class ModelArtifact(models.Model):
     uri = models.CharField(max_length=1000)
     bytes = models.BigIntegerField(default=0)
     sha256 = models.CharField(max_length=64, blank=True)
+    # torch (a consolidated model.pt), dcp (a DCP checkpoint kept whole) or
+    # files (whatever the job's program saved); checkpoints/export.py.
     format = models.CharField(max_length=32, default="torch")
     config = models.JSONField(default=dict, blank=True)
+    # Every file of the artifact: {path: {"sha256", "bytes"}}, as downloads list them.
+    files = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

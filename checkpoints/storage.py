@@ -1,19 +1,22 @@
-"""The control plane's side of checkpoint storage.
+"""Checkpoint storage as the control plane sees it.
 
-One door to the trainer's storage interface (`trainer.storage`: a filesystem
-path or S3, shared with the ranks that write the checkpoints), opened with
-the job's cluster settings so S3 is reached the way that cluster says
-(`region`, `s3_endpoint_url`, multipart threshold). On top of it, what only
-the control plane does: verify a Checkpoint row against its manifest,
-delete one, and prune a job's checkpoints (retention) so that a row is
-marked deleted only after its files are gone, and neither the newest
-verified checkpoint nor one a restart is bound to is ever deleted.
+The file layout and its checks belong to the worker package's storage
+interface (`regatta.storage`: a filesystem path or S3, shared with the
+ranks that write the checkpoints). On top of it, what only the control plane
+does: verify a Checkpoint row against its manifest, delete one, and prune a
+job's checkpoints (retention) so that a row is marked deleted only after its
+files are gone, and neither the newest verified checkpoint nor a step the
+caller protects is ever deleted.
+
+Nothing here knows jobs: callers hand in the job's storage URI, its S3
+options and the steps to protect (jobs/checkpointing.py).
 """
 
 from __future__ import annotations
 
-from django.conf import settings
-from django.utils import timezone
+from dataclasses import dataclass
+
+from regatta.storage import open_storage
 
 from controlplane.lib.errors import PermanentError, TemporaryError
 
@@ -22,51 +25,41 @@ from .models import Checkpoint
 MIB = 1 << 20
 
 
-def job_checkpoint_uri(job) -> str:
-    """Where a job's `step-N/` folders live."""
-    return job.storage_uri or str(settings.CHECKPOINT_ROOT / f"job-{job.pk}")
+@dataclass(frozen=True)
+class S3Options:
+    """How to reach S3 for one cluster's checkpoints; empty strings mean
+    boto3's usual environment (AWS_REGION, AWS_ENDPOINT_URL, ...)."""
+
+    region: str = ""
+    endpoint_url: str = ""
+    max_attempts: int = 5
+    multipart_threshold_mb: float = 64.0
 
 
-def s3_client(cluster_settings: dict | None = None):
-    """A boto3 S3 client for a cluster: its `region` and `s3_endpoint_url`,
-    otherwise boto3's usual environment (AWS_REGION, AWS_ENDPOINT_URL, ...)."""
-    import boto3
+def s3_client(options: S3Options | None = None):
+    import boto3  # only for S3 storage
     from botocore.config import Config
 
-    cs = cluster_settings or {}
-    attempts = cs.get("s3_max_attempts", 5)
-    if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1:
-        raise PermanentError("cluster setting 's3_max_attempts' must be an integer >= 1")
-    kwargs = {"config": Config(retries={"max_attempts": attempts, "mode": "standard"})}
-    if cs.get("region"):
-        kwargs["region_name"] = cs["region"]
-    if cs.get("s3_endpoint_url"):
-        kwargs["endpoint_url"] = cs["s3_endpoint_url"]
+    options = options or S3Options()
+    kwargs = {"config": Config(retries={"max_attempts": options.max_attempts,
+                                        "mode": "standard"})}
+    if options.region:
+        kwargs["region_name"] = options.region
+    if options.endpoint_url:
+        kwargs["endpoint_url"] = options.endpoint_url
     return boto3.client("s3", **kwargs)
 
 
-def open_uri(uri: str, cluster_settings: dict | None = None):
-    """A `trainer.storage.Storage` for a path, file:// or s3:// URI."""
-    from trainer.storage import open_storage
-
-    if not uri.startswith("s3://"):
-        try:
-            return open_storage(uri)
-        except ValueError as exc:
-            raise PermanentError(str(exc)) from exc
-    cs = cluster_settings or {}
-    threshold = cs.get("s3_multipart_threshold_mb", 64)
-    if not isinstance(threshold, int | float) or isinstance(threshold, bool) or threshold < 5:
-        # S3 rejects multipart parts under 5 MiB (except the last).
-        raise PermanentError("cluster setting 's3_multipart_threshold_mb' must be a number >= 5")
+def open_uri(uri: str, s3: S3Options | None = None):
+    """A `regatta.storage.Storage` for a path, file:// or s3:// URI."""
     try:
-        return open_storage(uri, client=s3_client(cs), multipart_threshold=int(threshold * MIB))
+        if not uri.startswith("s3://"):
+            return open_storage(uri)
+        s3 = s3 or S3Options()
+        return open_storage(uri, client=s3_client(s3),
+                            multipart_threshold=int(s3.multipart_threshold_mb * MIB))
     except ValueError as exc:
         raise PermanentError(str(exc)) from exc
-
-
-def open_job_storage(job):
-    return open_uri(job_checkpoint_uri(job), job.cluster.settings)
 
 
 def _classified(what: str, exc: Exception) -> Exception:
@@ -89,10 +82,9 @@ def _classified(what: str, exc: Exception) -> Exception:
     return exc
 
 
-def verify_checkpoint(checkpoint: Checkpoint, storage=None) -> tuple[bool, str]:
+def verify_checkpoint(checkpoint: Checkpoint, storage) -> tuple[bool, str]:
     """(ok, reason): the files of `checkpoint` against its manifest and marker,
     and the manifest against the checksum the trainer reported."""
-    storage = storage or open_job_storage(checkpoint.job)
     try:
         ok, reason = storage.verify(checkpoint.step)
         if ok and checkpoint.manifest_sha256:
@@ -108,9 +100,8 @@ def verify_checkpoint(checkpoint: Checkpoint, storage=None) -> tuple[bool, str]:
         raise mapped from exc
 
 
-def delete_files(checkpoint: Checkpoint, storage=None) -> None:
+def delete_files(checkpoint: Checkpoint, storage) -> None:
     """Remove a checkpoint's files; raises unless storage holds none of them after."""
-    storage = storage or open_job_storage(checkpoint.job)
     try:
         storage.delete_step(checkpoint.step)
         left = storage.list_files(checkpoint.step) if checkpoint.step in (
@@ -124,33 +115,14 @@ def delete_files(checkpoint: Checkpoint, storage=None) -> None:
         raise TemporaryError(f"step-{checkpoint.step}: {len(left)} files still in storage")
 
 
-def protected_steps(job) -> set[int]:
-    """Steps a restart is bound to: the one a person asked to restart from
-    (restart_from_step, or the checkpoint that request resolves to, the newest
-    loadable at or below it) and the resume point of every attempt still
-    preflighting, starting or running."""
-    from jobs.models import JobAttempt
-
-    steps = set(JobAttempt.objects.filter(job=job, resume_step__isnull=False)
-                .exclude(state__in=JobAttempt.ENDED).values_list("resume_step", flat=True))
-    asked = job.restart_from_step
-    if asked is not None:
-        steps.add(asked)
-        resolved = (Checkpoint.objects.filter(job=job, step__lte=asked,
-                                              state__in=Checkpoint.LOADABLE)
-                    .order_by("-step").values_list("step", flat=True).first())
-        if resolved is not None:
-            steps.add(resolved)
-    return steps
-
-
-def retention_plan(job) -> tuple[list[Checkpoint], list[Checkpoint]]:
+def retention_plan(job, protect=frozenset()) -> tuple[list[Checkpoint], list[Checkpoint]]:
     """(keep, delete) among the job's rows that still have files.
 
     Kept: the newest `keep_last` loadable checkpoints, the newest verified one
-    whatever its age, every step a restart is bound to (`protected_steps`),
-    and every checkpoint newer than the newest loadable one (a save may be in
-    flight). Everything older goes, corrupt ones included.
+    whatever its age, every step in `protect` (steps a restart is bound to,
+    which only the caller knows), and every checkpoint newer than the newest
+    loadable one (a save may be in flight). Everything older goes, corrupt
+    ones included.
     """
     rows = list(Checkpoint.objects.filter(job=job).exclude(state=Checkpoint.State.DELETED)
                 .order_by("-step"))
@@ -162,14 +134,14 @@ def retention_plan(job) -> tuple[list[Checkpoint], list[Checkpoint]]:
     if verified:
         keep.add(verified[0].pk)
     newest = loadable[0].step
-    protected = protected_steps(job)
     for c in rows:
-        if c.step > newest or c.state == Checkpoint.State.WRITING or c.step in protected:
+        in_flight = c.step > newest and c.state != Checkpoint.State.ABANDONED
+        if in_flight or c.state == Checkpoint.State.WRITING or c.step in protect:
             keep.add(c.pk)
     return [c for c in rows if c.pk in keep], [c for c in rows if c.pk not in keep]
 
 
-def apply_retention(job, now=None, storage=None) -> list[int]:
+def apply_retention(job, storage, protect=lambda: frozenset()) -> list[int]:
     """Prune one job's checkpoints; returns the steps deleted.
 
     The control plane is the one owner of deletion while a trainer reports to
@@ -177,18 +149,15 @@ def apply_retention(job, now=None, storage=None) -> list[int]:
     `LeftToControlPlane`). Files go first, the row second: a row marked
     deleted never points at files that still exist, and a crash in between
     only leaves a row that the next sweep deletes again. Each checkpoint is
-    planned again just before its files go, so one that a verification or a
-    restart request made precious meanwhile is spared.
+    planned again just before its files go, with `protect()` asked afresh,
+    so one that a verification or a restart request made precious meanwhile
+    is spared.
     """
-    now = now or timezone.now()
-    _, doomed = retention_plan(job)
-    if not doomed:
-        return []
-    storage = storage or open_job_storage(job)
+    _, doomed = retention_plan(job, protect())
     deleted = []
     for checkpoint in doomed:
-        job.refresh_from_db(fields=["keep_last", "restart_from_step"])
-        if checkpoint.pk not in {c.pk for c in retention_plan(job)[1]}:
+        job.refresh_from_db(fields=["keep_last"])
+        if checkpoint.pk not in {c.pk for c in retention_plan(job, protect())[1]}:
             continue
         delete_files(checkpoint, storage)
         changed = Checkpoint.objects.filter(pk=checkpoint.pk).exclude(
@@ -197,9 +166,4 @@ def apply_retention(job, now=None, storage=None) -> list[int]:
                  state_reason=f"retention: keep last {job.keep_last}")
         if changed:
             deleted.append(checkpoint.step)
-    if deleted:
-        job.record("CheckpointsDeleted",
-                   f"retention deleted steps {', '.join(map(str, sorted(deleted)))}",
-                   evidence={"steps": sorted(deleted), "keep_last": job.keep_last,
-                             "uri": job_checkpoint_uri(job)}, now=now)
     return sorted(deleted)

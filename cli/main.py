@@ -15,7 +15,7 @@ import click
 import yaml
 
 from . import output
-from .client import ApiError, Client, CliError, config_path, load_config, save_config
+from .client import ApiError, Client, CliError, Config, config_path, load_config, save_config
 from .watch import watch_job
 
 EXIT_ERROR = 1
@@ -71,8 +71,6 @@ def cli(ctx, config, as_json):
 @json_flag
 def login(state: State, url: str, token: str):
     """Check a token against the server and store it."""
-    from .client import Config
-
     me = Client(Config(url=url.rstrip("/"), token=token)).get("me/")
     save_config(state.config_file, url, token)
     if state.as_json:

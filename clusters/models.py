@@ -1,33 +1,53 @@
 """The fleet: clusters, node pools, nodes and what happened to them."""
 
+import json
+
+from django.core.exceptions import ValidationError
 from django.db import models, transaction
 from django.utils import timezone
 
-from controlplane.lib.errors import IllegalTransition
+from controlplane.lib.errors import PermanentError
+from controlplane.lib.transitions import change_state, event_time
+from controlplane.lib.typed_settings import SettingsError
+
+from .settings import ClusterSettings, parse_pool
 
 
 class Cluster(models.Model):
     class Provider(models.TextChoices):
         LOCAL = "local", "Local (torchrun on this machine)"
         KUBERNETES = "kubernetes", "Kubernetes (Kubeflow PyTorchJob)"
-        MEMORY = "memory", "In-memory (benchmarks)"
 
     name = models.SlugField(max_length=63, unique=True)
     provider = models.CharField(max_length=20, choices=Provider.choices, default=Provider.LOCAL)
-    # Provider settings: kubeconfig/context/namespace for Kubernetes, region and
-    # credentials profile for AWS-backed pools, nothing for local.
+    # Read through `config` (clusters/settings.py): the reconcilers' pacing,
+    # preflight and storage keys, and the provider's own (namespace, ...).
     settings = models.JSONField(default=dict, blank=True)
     description = models.CharField(max_length=200, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     # Status, written by the cluster reconciler.
     last_reconciled_at = models.DateTimeField(null=True, blank=True)
     next_reconcile_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    # The reconciler's notes (e.g. a ReconcileError while passes fail) and
+    # the last error a pass met, shown to operators.
+    conditions = models.JSONField(default=list, blank=True)
+    last_error = models.TextField(blank=True)
 
     class Meta:
         ordering = ["name"]
 
     def __str__(self):
         return self.name
+
+    @property
+    def config(self) -> ClusterSettings:
+        """The typed settings; a bad key raises SettingsError (a PermanentError).
+        Parsed again whenever the row's settings or provider changed."""
+        return _memo(self, (self.provider, self.settings),
+                     lambda: ClusterSettings.parse(self.settings, self.provider))
+
+    def clean(self):
+        _check_settings(lambda: ClusterSettings.parse(self.settings, self.provider))
 
 
 class NodePool(models.Model):
@@ -48,7 +68,7 @@ class NodePool(models.Model):
     efa = models.BooleanField(default=False, help_text="Nodes carry EFA network devices")
     node_selector = models.JSONField(default=dict, blank=True)
     tolerations = models.JSONField(default=list, blank=True)
-    # Provider settings for this pool, e.g. {"asg_name": "..."} on AWS.
+    # The provider's pool keys, e.g. {"asg_name": "..."}; read through `config`.
     settings = models.JSONField(default=dict, blank=True)
 
     class Meta:
@@ -59,6 +79,41 @@ class NodePool(models.Model):
 
     def __str__(self):
         return f"{self.cluster.name}/{self.name}"
+
+    @property
+    def config(self):
+        """The provider's typed pool settings (its PoolSettings class)."""
+        return _memo(self, (self.cluster.provider, self.settings),
+                     lambda: parse_pool(self.settings, self.cluster.provider, self.name))
+
+    def clean(self):
+        try:
+            provider = self.cluster.provider  # unsaved too: an inline of a new cluster
+        except Cluster.DoesNotExist:
+            return  # no cluster chosen yet: the form says so itself
+        _check_settings(lambda: parse_pool(self.settings, provider, self.name))
+
+
+def _memo(row, key, parse):
+    # Settings are read many times a pass and change rarely; the key compares
+    # by value, so an edited dict (or provider) is parsed again.
+    key = json.dumps(key, sort_keys=True, default=str)
+    cached = row.__dict__.get("_config_memo")
+    if cached is None or cached[0] != key:
+        cached = (key, parse())
+        row.__dict__["_config_memo"] = cached
+    return cached[1]
+
+
+def _check_settings(parse) -> None:
+    """A bad settings key is a form error on `settings` naming the key."""
+    try:
+        parse()
+    except SettingsError as exc:
+        raise ValidationError(
+            {"settings": [f"{k}: {v}" for k, v in exc.problems.items()]}) from None
+    except PermanentError as exc:  # an unknown provider
+        raise ValidationError({"provider": [str(exc)]}) from None
 
 
 class Node(models.Model):
@@ -71,6 +126,7 @@ class Node(models.Model):
         REPLACED = "replaced"
         TERMINATED = "terminated"
 
+    STATE_FIELD, STATE_KIND = "state", "node"
     # Which states each transition may start from.
     TRANSITIONS = {
         State.READY: {State.PROVISIONING, State.CORDONED},
@@ -113,6 +169,17 @@ class Node(models.Model):
     # the check (jobs/reconcile/launch.py); taking a node out of service
     # clears it, so it is checked again before it is trusted.
     preflight_passed_at = models.DateTimeField(null=True, blank=True)
+    # When the provider was last asked to drain the node (evict what runs on
+    # it): asked once per stay in a state, i.e. again only after a change.
+    drain_sent_at = models.DateTimeField(null=True, blank=True)
+    # A claimed replacement's provider side (clusters/reconcile/replacement.py):
+    # when it was last asked of the provider (None: owed, not asked yet), and
+    # the provider's failures in a row, the last one's time and message; the
+    # cluster reconcile asks again with backoff until one succeeds.
+    replace_asked_at = models.DateTimeField(null=True, blank=True)
+    replace_failures = models.PositiveIntegerField(default=0)
+    replace_error = models.TextField(blank=True)
+    replace_failed_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -126,8 +193,13 @@ class Node(models.Model):
         return self.name
 
     @property
-    def is_schedulable(self) -> bool:
-        return self.state == self.State.READY and not self.is_spare
+    def state_label(self) -> str:
+        return self.name
+
+    @property
+    def drain_sent(self) -> bool:
+        """The provider was asked to drain the node since its last state change."""
+        return self.drain_sent_at is not None and self.drain_sent_at >= self.state_changed_at
 
     def preflight_age_s(self, now) -> float | None:
         """Seconds since the node last passed a preflight check; None if never."""
@@ -143,23 +215,35 @@ class Node(models.Model):
         repeated cordon writes nothing. Anything else not allowed raises.
         """
         now = now or timezone.now()
-        allowed = self.TRANSITIONS[target]
+        if target in self.OUT_OF_SERVICE:
+            fields.setdefault("preflight_passed_at", None)
         with transaction.atomic():
-            current = Node.objects.filter(pk=self.pk).values_list("state", flat=True).first()
-            if current == target:
+            if target == self.State.READY and self._pool_is_full():
+                # Its working slot was filled while it was out (a spare was
+                # promoted): back in service, it waits as a spare, so the
+                # pool never runs over its size.
+                fields["is_spare"] = True
+                reason = f"{reason}; rejoins as a spare (pool {self.pool.name} is full)"
+            # Conditional on the row, not on this object: node rows are read
+            # early and acted on late by several passes.
+            source = change_state(self, target, expected=None, noop_from=(target,),
+                                  changed_at_field="state_changed_at", now=now,
+                                  state_reason=reason[:300], **fields)
+            if source is None:
                 return None
-            if target in self.OUT_OF_SERVICE:
-                fields.setdefault("preflight_passed_at", None)
-            changed = Node.objects.filter(pk=self.pk, state__in=allowed).update(
-                state=target, state_reason=reason[:300], state_changed_at=now, **fields
-            )
-            if not changed:
-                raise IllegalTransition("node", self.name, current, target)
-            self.refresh_from_db()
             return NodeEvent.objects.create(
-                node=self, from_state=current, to_state=target, reason=reason,
-                actor=actor, evidence=evidence or {}, created_at=now,
+                node=self, from_state=source, to_state=target, reason=reason,
+                actor=actor, evidence=evidence or {}, created_at=event_time(now),
             )
+
+    def _pool_is_full(self) -> bool:
+        if self.is_spare:
+            return False
+        working = Node.objects.filter(
+            pool_id=self.pool_id, is_spare=False,
+            state__in=(self.State.READY, self.State.PROVISIONING),
+        ).exclude(pk=self.pk).count()
+        return working >= self.pool.size
 
     def cordon(self, reason, **kw):
         return self.transition(self.State.CORDONED, reason=reason, **kw)

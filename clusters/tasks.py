@@ -3,7 +3,7 @@
 from celery import shared_task
 from django.utils import timezone
 
-from jobs.tasks import requeue
+from controlplane.lib.tasks import requeue
 
 from . import reconcile
 

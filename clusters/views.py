@@ -7,9 +7,8 @@ from rest_framework import generics, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.permissions import IsOperator, IsPerson
 from controlplane.lib.errors import PermanentError
-from jobs.permissions import IsOperator, IsPerson
-from jobs.validators import FaultValidator, ReasonValidator
 
 from . import services
 from .models import Cluster, Node, NodeHealthEvent, NodePool
@@ -20,6 +19,7 @@ from .serializers import (
     NodePoolSerializer,
     NodeSerializer,
 )
+from .validators import FaultValidator, ReasonValidator
 
 
 class ClusterListView(generics.ListAPIView):

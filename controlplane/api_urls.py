@@ -4,5 +4,4 @@ urlpatterns = [
     path("", include("accounts.urls")),
     path("", include("clusters.urls")),
     path("", include("jobs.urls")),
-    path("", include("checkpoints.urls")),
 ]

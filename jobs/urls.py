@@ -1,6 +1,7 @@
 from django.urls import path
 
 from .views import (
+    checkpoints,
     goodput,
     job_actions,
     job_detail,
@@ -30,6 +31,12 @@ urlpatterns = [
     path("jobs/<int:pk>/metrics/names/", job_metrics.JobMetricNamesView.as_view(),
          name="job-metric-names"),
     path("jobs/<int:pk>/goodput/", goodput.JobGoodputView.as_view(), name="job-goodput"),
+    path("jobs/<int:pk>/checkpoints/", checkpoints.JobCheckpointListView.as_view(),
+         name="job-checkpoints"),
+    path("checkpoints/<int:pk>/", checkpoints.CheckpointDetailView.as_view(),
+         name="checkpoint-detail"),
+    path("artifacts/", checkpoints.ArtifactListView.as_view(), name="artifact-list"),
+    path("artifacts/<int:pk>/", checkpoints.ArtifactDetailView.as_view(), name="artifact-detail"),
     path("teams/", teams.TeamListView.as_view(), name="team-list"),
     path("teams/<slug:name>/goodput/", goodput.TeamGoodputView.as_view(), name="team-goodput"),
     path("quotas/", quotas.QuotaListView.as_view(), name="quota-list"),

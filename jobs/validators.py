@@ -5,17 +5,21 @@ be JSON numbers (not "2", not true), and a spec that could never be placed is
 refused before anything is written.
 """
 
-import math
-import re
-
 from django.db.models import Q
 from rest_framework import serializers
 
+from accounts.permissions import is_operator
+from checkpoints import confinement
 from checkpoints.models import Checkpoint
 from clusters.models import Cluster, NodePool
+from controlplane.lib.validation import (
+    StrictBooleanField,
+    StrictCharField,
+    StrictIntegerField,
+    StrictSerializer,
+)
 
 from .models import DEFAULT_RESTART_BUDGETS, FailureClass, Quota, Team, TrainingJob
-from .permissions import is_operator
 
 try:  # The trainer package is optional on a control-plane-only install.
     from trainer.config import ConfigError, TrainerConfig
@@ -24,51 +28,13 @@ except ImportError:  # pragma: no cover - exercised only without the trainer
     ConfigError = ValueError
 
 
-class StrictIntegerField(serializers.IntegerField):
-    """DRF's IntegerField takes "2" and true; a spec must say 2."""
-
-    def to_internal_value(self, data):
-        if isinstance(data, bool) or not isinstance(data, int | float):
-            self.fail("invalid")
-        if isinstance(data, float) and not data.is_integer():
-            self.fail("invalid")
-        return super().to_internal_value(int(data))
+def cluster_named(name: str) -> Cluster:
+    cluster = Cluster.objects.filter(name=name).first()
+    if cluster is None:
+        raise serializers.ValidationError(f"unknown cluster {name!r}")
+    return cluster
 
 
-class StrictBooleanField(serializers.BooleanField):
-    def to_internal_value(self, data):
-        if not isinstance(data, bool):
-            self.fail("invalid", input=data)
-        return data
-
-
-class StrictCharField(serializers.CharField):
-    def to_internal_value(self, data):
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-class StrictSerializer(serializers.Serializer):
-    """Refuses fields it does not know, naming them."""
-
-    def to_internal_value(self, data):
-        if not isinstance(data, dict):
-            raise serializers.ValidationError(
-                {"non_field_errors": ["Expected a JSON object."]}
-            )
-        # Named alongside any other field errors, so one reply lists every problem.
-        unknown = {name: ["Unknown field."] for name in sorted(set(data) - set(self.fields))}
-        try:
-            value = super().to_internal_value(data)
-        except serializers.ValidationError as exc:
-            raise serializers.ValidationError({**exc.detail, **unknown}) from None
-        if unknown:
-            raise serializers.ValidationError(unknown)
-        return value
-
-
-_S3_OR_FILE = re.compile(r"^(s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?|file:///.*|/.*)$")
 BUDGET_KEYS = tuple(FailureClass.values)
 
 
@@ -117,13 +83,6 @@ class JobSpecValidator(StrictSerializer):
                 raise serializers.ValidationError(f"{key}: must be an integer from 0 to 100.")
         return {**DEFAULT_RESTART_BUDGETS, **value}
 
-    def validate_storage_uri(self, value):
-        if value and not _S3_OR_FILE.match(value):
-            raise serializers.ValidationError(
-                "Must be an absolute path, a file:/// URI or an s3://bucket/prefix URI."
-            )
-        return value
-
     def validate_team(self, value):
         team = Team.objects.filter(name=value).first()
         user = self.context["request"].user
@@ -132,25 +91,39 @@ class JobSpecValidator(StrictSerializer):
         return team
 
     def validate_cluster(self, value):
-        cluster = Cluster.objects.filter(name=value).first()
-        if cluster is None:
-            raise serializers.ValidationError(f"unknown cluster {value!r}")
-        return cluster
+        return cluster_named(value)
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
         errors = {}
-        if "team" not in attrs:
-            user = self.context["request"].user
-            teams = list(Team.objects.filter(members=user)[:2])
-            if len(teams) != 1:
-                errors["team"] = [
-                    "Required: you belong to several teams." if teams
-                    else "Required: you belong to no team."
-                ]
-            else:
-                attrs["team"] = teams[0]
-        cluster = attrs["cluster"]
+        self._default_team(attrs, errors)
+        pool = self._pool(attrs, errors)
+        if pool is not None:
+            attrs["pool"] = pool
+            errors.update(_fits(pool, attrs))
+        errors.update(_world_size(attrs))
+        errors.update(_hyperparameters(attrs))
+        errors.update(_storage(attrs))
+        if errors:
+            raise serializers.ValidationError(errors)
+        attrs.pop("world_size", None)
+        return attrs
+
+    def _default_team(self, attrs, errors) -> None:
+        if "team" in attrs or "team" in self.initial_data:
+            return
+        user = self.context["request"].user
+        teams = list(Team.objects.filter(members=user)[:2])
+        if len(teams) == 1:
+            attrs["team"] = teams[0]
+        else:
+            errors["team"] = ["Required: you belong to several teams." if teams
+                              else "Required: you belong to no team."]
+
+    def _pool(self, attrs, errors):
+        cluster = attrs.get("cluster")
+        if cluster is None or ("pool" not in attrs and "pool" in self.initial_data):
+            return None
         pools = NodePool.objects.filter(cluster=cluster)
         pool = pools.filter(name=attrs["pool"]).first() if "pool" in attrs else pools.first()
         if pool is None:
@@ -158,33 +131,61 @@ class JobSpecValidator(StrictSerializer):
                 f"unknown pool {attrs['pool']!r} on cluster {cluster.name}" if "pool" in attrs
                 else f"cluster {cluster.name} has no node pools"
             ]
-            raise serializers.ValidationError(errors)
-        attrs["pool"] = pool
-        nodes, gpus = attrs["num_nodes"], attrs["gpus_per_node"]
-        if gpus > pool.gpus_per_node:
-            errors["gpus_per_node"] = [
-                f"{gpus} GPUs per node, but nodes of pool {pool.name} have {pool.gpus_per_node}."
-            ]
-        if nodes > pool.size:
-            errors["num_nodes"] = [
-                f"{nodes} nodes, but pool {pool.name} has only {pool.size}; "
-                "it could never be placed."
-            ]
-        if "world_size" in attrs and attrs["world_size"] != nodes * gpus:
-            errors["world_size"] = [
-                f"world_size {attrs['world_size']} must equal num_nodes × gpus_per_node "
-                f"= {nodes} × {gpus} = {nodes * gpus}."
-            ]
-        hyper = attrs.get("hyperparameters")
-        if hyper is not None and TrainerConfig is not None:
-            try:
-                TrainerConfig.from_dict(hyper)
-            except ConfigError as exc:
-                errors["hyperparameters"] = [str(exc)]
-        if errors:
-            raise serializers.ValidationError(errors)
-        attrs.pop("world_size", None)
-        return attrs
+        return pool
+
+
+def _fits(pool, attrs) -> dict:
+    errors = {}
+    gpus = attrs.get("gpus_per_node")
+    if gpus is not None and gpus > pool.gpus_per_node:
+        errors["gpus_per_node"] = [
+            f"{gpus} GPUs per node, but nodes of pool {pool.name} have {pool.gpus_per_node}."
+        ]
+    nodes = attrs.get("num_nodes")
+    if nodes is not None and nodes > pool.size:
+        errors["num_nodes"] = [
+            f"{nodes} nodes, but pool {pool.name} has only {pool.size}; it could never be placed."
+        ]
+    return errors
+
+
+def _world_size(attrs) -> dict:
+    nodes, gpus = attrs.get("num_nodes"), attrs.get("gpus_per_node")
+    if "world_size" not in attrs or nodes is None or gpus is None:
+        return {}
+    if attrs["world_size"] == nodes * gpus:
+        return {}
+    return {"world_size": [
+        f"world_size {attrs['world_size']} must equal num_nodes × gpus_per_node "
+        f"= {nodes} × {gpus} = {nodes * gpus}."
+    ]}
+
+
+def _hyperparameters(attrs) -> dict:
+    hyper = attrs.get("hyperparameters")
+    if hyper is None or TrainerConfig is None:
+        return {}
+    try:
+        TrainerConfig.from_dict(hyper)
+    except ConfigError as exc:
+        return {"hyperparameters": [str(exc)]}
+    return {}
+
+
+def _storage(attrs) -> dict:
+    """A given storage_uri, canonicalised, must lie under one of the
+    cluster's storage roots and under the team's own folder there."""
+    uri, team, cluster = attrs.get("storage_uri"), attrs.get("team"), attrs.get("cluster")
+    if team is None or cluster is None:
+        return {}
+    try:
+        if not uri:
+            confinement.allowed_roots(cluster)  # where the default will go
+            return {}
+        attrs["storage_uri"] = confinement.confine(uri, team.name, cluster)
+    except confinement.OutsideRoots as exc:
+        return {"storage_uri" if uri else "cluster": [str(exc)]}
+    return {}
 
 
 class RestartValidator(StrictSerializer):
@@ -202,24 +203,6 @@ class RestartValidator(StrictSerializer):
         return value
 
 
-class ReasonValidator(StrictSerializer):
-    reason = StrictCharField(required=False, max_length=250, allow_blank=True)
-
-
-class FaultValidator(StrictSerializer):
-    kind = serializers.ChoiceField(choices=[])
-
-    def __init__(self, *args, **kwargs):
-        from clusters.providers.base import FaultKind
-
-        super().__init__(*args, **kwargs)
-        self.fields["kind"].choices = list(FaultKind.ALL)
-
-
-class TokenValidator(StrictSerializer):
-    name = StrictCharField(min_length=1, max_length=100)
-
-
 class QuotaValidator(StrictSerializer):
     team = StrictCharField(max_length=63)
     cluster = StrictCharField(max_length=63)
@@ -235,10 +218,7 @@ class QuotaValidator(StrictSerializer):
         return team
 
     def validate_cluster(self, value):
-        cluster = Cluster.objects.filter(name=value).first()
-        if cluster is None:
-            raise serializers.ValidationError(f"unknown cluster {value!r}")
-        return cluster
+        return cluster_named(value)
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
@@ -253,9 +233,3 @@ class QuotaValidator(StrictSerializer):
                     {"team": ["This team already has a quota on this cluster."]}
                 )
         return attrs
-
-
-def finite_number(value) -> bool:
-    return (
-        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    )

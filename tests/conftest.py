@@ -9,6 +9,10 @@ from accounts.models import ApiToken
 from clusters.models import Cluster, Node, NodePool
 from controlplane.embedded import start_redis
 from jobs.models import Quota, Team
+from tests.support import memory_provider as memory
+
+# The in-memory fleet is a test double, not a product provider: registered here.
+memory.register()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -119,8 +123,6 @@ def api():
 @pytest.fixture
 def fleet_dirs(settings, tmp_path):
     """Checkpoints, artifacts and the in-memory fleet private to one test."""
-    from clusters.providers import memory
-
     settings.CHECKPOINT_ROOT = tmp_path / "checkpoints"
     settings.ARTIFACT_ROOT = tmp_path / "artifacts"
     memory.reset()

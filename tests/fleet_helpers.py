@@ -14,16 +14,19 @@ import torch.distributed.checkpoint as dcp
 from django.utils import timezone
 
 from checkpoints.models import Checkpoint
-from checkpoints.verification import job_checkpoint_uri
 from clusters.models import Cluster, Node, NodePool
-from clusters.providers import memory, pool_info
+from clusters.providers import pool_info
 from clusters.reconcile import reconcile_cluster
+from jobs.checkpointing import job_checkpoint_uri
 from jobs.models import JobAttempt, Quota, RankStatus, Team, TrainingJob
+from jobs.reconcile import reconcile_job
+from jobs.scheduling import admit
+from tests.support import memory_provider as memory
 
 
 def memory_cluster(name="mem-a", size=4, spares=1, gpus_per_node=2, **settings) -> Cluster:
     cluster = Cluster.objects.create(
-        name=name, provider=Cluster.Provider.MEMORY,
+        name=name, provider=memory.KIND,
         settings={"observe_interval_s": 1.0, "heartbeat_deadline_s": 30.0, **settings},
     )
     pool = NodePool.objects.create(cluster=cluster, name="gpu", gpus_per_node=gpus_per_node,
@@ -69,13 +72,17 @@ def write_checkpoint(job, step, attempt=None, *, blocking_s=0.05, request_id="",
                      emergency=False, created_at=None, weight=None) -> Checkpoint:
     """A committed step-N folder (real DCP save of a tiny model) and its row,
     as the trainer and the worker API would leave them."""
-    from trainer import manifest as mf
+    from regatta import manifest as mf
 
     root = Path(job_checkpoint_uri(job)) / f"step-{step}"
     root.mkdir(parents=True, exist_ok=True)
     w = weight if weight is not None else torch.full((2, 2), float(step))
     dcp.save({"model": {"w": w}, "optim": {"lr": torch.tensor(0.1)}}, checkpoint_id=str(root))
     (root / "config.json").write_text(json.dumps({"model": "nano"}))
+    # The consolidated model the trainer leaves in a final checkpoint.
+    (root / "export").mkdir()
+    torch.save({"w": w}, root / "export" / "model.pt")
+    (root / "export" / "config.json").write_text(json.dumps({"model": "nano"}))
     rels = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
     manifest = mf.build_manifest(step, mf.hash_local_files(root, rels))
     (root / mf.MANIFEST).write_bytes(manifest)
@@ -102,6 +109,14 @@ def heartbeat(attempt: JobAttempt, step: int, at, *, ranks=None, step_time_s=0.2
         last_heartbeat_at=at, last_step=step,
     )
     JobAttempt.objects.filter(pk=attempt.pk, first_step_at=None).update(first_step_at=at)
+
+
+def launch(job, now) -> None:
+    """A submitted job's way to its first launch: its reconcile queues it, the
+    cluster's admission pass admits it, its next reconcile launches it."""
+    reconcile_job(job.id, now)
+    admit(job.cluster_id, now)
+    reconcile_job(job.id, now)
 
 
 def later(now, seconds):

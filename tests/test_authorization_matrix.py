@@ -122,7 +122,7 @@ def world(team, other_team, cluster, owner, teammate, outsider, operator):
     from clusters.models import Cluster
 
     Cluster.objects.create(name="cpu-b")
-    job = make_job(team, cluster, owner, phase="running")
+    job = make_job(team, cluster, owner, phase="running", storage_uri="/tmp/ckpt")
     attempt, token = make_attempt(job)
     theirs = make_job(other_team, cluster, outsider, phase="running")
     _, other_token = make_attempt(theirs)

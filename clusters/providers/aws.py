@@ -80,21 +80,21 @@ class AwsProvider:
         self._sleep, self._clock = sleep, clock
 
     @classmethod
-    def for_settings(cls, settings: dict) -> AwsProvider:
-        """From Cluster.settings: `region`, optional `endpoint_url`, `aws_profile`."""
+    def for_settings(cls, settings) -> AwsProvider:
+        """From a cluster's KubeSettings: `region`, optional `endpoint_url`,
+        `aws_profile`."""
         import boto3
 
-        region = settings.get("region")
-        if not region:
+        if not settings.region:
             raise PermanentError("cluster setting 'region' is needed for AWS-backed pools")
-        session = boto3.session.Session(region_name=region,
-                                        profile_name=settings.get("aws_profile") or None)
-        return cls(session, endpoint_url=settings.get("endpoint_url") or None)
+        session = boto3.session.Session(region_name=settings.region,
+                                        profile_name=settings.aws_profile or None)
+        return cls(session, endpoint_url=settings.endpoint_url or None)
 
     # --- the group ------------------------------------------------------------
     @staticmethod
     def asg_name(pool: PoolInfo) -> str:
-        name = pool.settings.get("asg_name")
+        name = pool.settings.asg_name
         if not name:
             raise PermanentError(f"pool {pool.name} has no 'asg_name' setting")
         return name
@@ -166,8 +166,8 @@ class AwsProvider:
                     InstanceId=old, ShouldDecrementDesiredCapacity=False)
         else:
             return None
-        deadline = self._clock() + float(pool.settings.get("replace_timeout_s", 300))
-        poll = float(pool.settings.get("replace_poll_s", 5))
+        deadline = self._clock() + pool.settings.replace_timeout_s
+        poll = pool.settings.replace_poll_s
         while True:
             fresh = sorted(self._live_ids(self._group(pool)) - before - {old})
             if fresh:
@@ -204,11 +204,11 @@ class AwsProvider:
         notice for a live instance of another pool or cluster sharing the queue
         is left for its owner, hidden for `spot_foreign_visibility_s` so this
         sweep does not receive it again and the owner's next sweep does."""
-        url = pool.settings.get("spot_queue_url")
+        url = pool.settings.spot_queue_url
         if not url:
             return []
-        hide = int(pool.settings.get("spot_foreign_visibility_s", 20))
-        batches = int(pool.settings.get("spot_max_batches", 10))
+        hide = pool.settings.spot_foreign_visibility_s
+        batches = pool.settings.spot_max_batches
         signals: list[HealthSignal] = []
         seen: set[str] = set()
         group = None

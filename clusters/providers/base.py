@@ -15,6 +15,11 @@ from typing import Protocol, TypedDict, runtime_checkable
 
 
 @dataclass(frozen=True)
+class NoSettings:
+    """The settings section of a provider that has none of its own."""
+
+
+@dataclass(frozen=True)
 class PoolInfo:
     """What a provider needs to know about a node pool."""
 
@@ -28,7 +33,8 @@ class PoolInfo:
     efa: bool = False
     node_selector: dict = field(default_factory=dict)
     tolerations: list = field(default_factory=list)
-    settings: dict = field(default_factory=dict)
+    # The provider's own typed pool settings (its `PoolSettings` class).
+    settings: object = field(default_factory=NoSettings)
 
 
 @dataclass(frozen=True)
@@ -186,6 +192,15 @@ class Provider(Protocol):
     twice with the same arguments does no more than calling once."""
 
     kind: str
+    # Typed sections of Cluster.settings and NodePool.settings that this
+    # provider reads (frozen dataclasses of controlplane.lib.typed_settings
+    # fields; NoSettings for none). clusters/settings.py parses them.
+    Settings: type
+    PoolSettings: type
+
+    @classmethod
+    def for_cluster(cls, name: str, settings) -> Provider:
+        """The provider of cluster `name`, from its parsed `Settings`."""
 
     def list_nodes(self, pool: PoolInfo) -> list[NodeInfo]:
         """Every node of the pool the provider knows, spares included."""

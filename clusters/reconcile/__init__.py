@@ -1,29 +1,31 @@
 """Cluster reconcile: nodes, spares, drains, replacements, health signals,
-then admission, then a preflight check of one spare that joined (spares.py).
+then a preflight check of one spare that joined (spares.py). When the pass
+changed the capacity jobs can use, it asks for an admission pass (a task of
+the jobs app, sent by name: clusters never import jobs).
 Level-triggered and idempotent, like the job reconciler."""
 
 from __future__ import annotations
 
 import logging
 
-from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from clusters.models import Cluster, Node, NodeEvent, NodeHealthEvent
+from clusters.models import Cluster, Node, NodeHealthEvent
 from clusters.providers import get_provider, pool_info
-from controlplane.lib import locks
+from controlplane.lib import runner
 from controlplane.lib.errors import PermanentError, TemporaryError
 from controlplane.lib.reconcile import Result
-from controlplane.lib.tasks import enqueue_on_commit
 
-from .nodes import account_ready_time, keep_spares, promote_for_size, sync_pool
-from .replacement import cordon_with_evidence, replace_node, retry_owed_replacements
+from .. import wake
+from ..workload import jobs_on_node
+from .nodes import account_ready_time, keep_spares, promote_for_size, send_drain, sync_pool
+from .replacement import ask_owed_replacements, replace_node, take_out
 from .spares import check_one_spare
 
 log = logging.getLogger(__name__)
 
-__all__ = ["due_cluster_ids", "reconcile_cluster", "reconcile_cluster_locked"]
+__all__ = ["CLUSTERS", "due_cluster_ids", "reconcile_cluster", "reconcile_cluster_locked"]
 
 
 def due_cluster_ids(now) -> list[int]:
@@ -34,13 +36,10 @@ def due_cluster_ids(now) -> list[int]:
 
 
 def reconcile_cluster_locked(cluster_id: int, now=None) -> Result | None:
-    """The entry point tasks call: one pass at a time per cluster. Returns None
-    when another worker holds the cluster (it will store the next look)."""
-    now = now or timezone.now()
-    with locks.hold(f"cluster:{cluster_id}") as acquired:
-        if not acquired:
-            return None
-        return reconcile_cluster(cluster_id, now)
+    """The entry point tasks call: the one reconcile runner (a pass at a time
+    per cluster, error classes). Returns None when another worker holds the
+    cluster (it will store the next look)."""
+    return runner.run(CLUSTERS, cluster_id, now or timezone.now())
 
 
 def reconcile_cluster(cluster_id: int, now=None) -> Result:
@@ -50,13 +49,15 @@ def reconcile_cluster(cluster_id: int, now=None) -> Result:
         return Result.done("no such cluster")
     provider = get_provider(cluster)
     pools = list(cluster.pools.all())
+    capacity = _capacity(cluster)
     for pool in pools:
         info = pool_info(pool)
         sync_pool(pool, provider, info, now)
-        retry_owed_replacements(pool, now)
         _record_health(pool, provider.health_signals(info), now)
         _close_events_of_retired_nodes(pool, now)
         _carry_out_drains(pool, provider, info, now)
+        # Jobs' passes claim replacements; the provider is asked here.
+        ask_owed_replacements(pool, now)
         promote_for_size(pool, now)
         try:
             keep_spares(pool, provider, info, now)
@@ -65,34 +66,57 @@ def reconcile_cluster(cluster_id: int, now=None) -> Result:
             log.warning("cluster %s pool %s: spares not provisioned: %s",
                         cluster.name, pool.name, exc)
     account_ready_time(cluster, now)
-    from jobs import scheduling
-
-    scheduling.admit(cluster.id, now)
-    # After admission, which must not wait for it.
+    if _capacity(cluster) != capacity:
+        wake.admission(cluster.id)
+    # Last: admission must not wait for a spare's check.
     check_one_spare(cluster, pools, provider, now)
-    interval = float(cluster.settings.get("reconcile_interval_s", settings.SWEEP_INTERVAL_S))
+    interval = cluster.config.reconcile_interval
     Cluster.objects.filter(pk=cluster.pk).update(
-        last_reconciled_at=now, next_reconcile_at=now + timezone.timedelta(seconds=interval)
+        last_reconciled_at=now, next_reconcile_at=now + timezone.timedelta(seconds=interval),
+        # A pass that got this far succeeded: an error an earlier one met is over.
+        conditions=[c for c in cluster.conditions if c.get("type") != ERROR_CONDITION],
+        last_error="",
     )
     return Result.after(interval)
 
 
-def jobs_on_node(node_id: int) -> list[int]:
-    from jobs.models import AttemptNode, JobAttempt
-
-    return list(
-        AttemptNode.objects.filter(node_id=node_id)
-        .exclude(attempt__state__in=JobAttempt.ENDED)
-        .values_list("attempt__job_id", flat=True)
-        .distinct()
-    )
+ERROR_CONDITION = "ReconcileError"
 
 
-def _enqueue_jobs(job_ids) -> None:
-    from jobs import tasks
+class _Clusters:
+    """Clusters as the reconcile runner sees them (controlplane/lib/runner.py)."""
 
-    for job_id in job_ids:
-        enqueue_on_commit(tasks.reconcile_job, job_id)
+    name = "cluster"
+
+    def reconcile(self, cluster_id: int, now) -> Result:
+        return reconcile_cluster(cluster_id, now)
+
+    def errors_in_a_row(self, cluster_id: int) -> int:
+        rows = Cluster.objects.filter(pk=cluster_id).values_list("conditions", flat=True)
+        found = next((c for c in rows.first() or [] if c.get("type") == ERROR_CONDITION), None)
+        return int(found["count"]) if found else 0
+
+    def record_error(self, cluster_id: int, now, error: runner.ReconcileError) -> None:
+        cluster = Cluster.objects.filter(pk=cluster_id).first()
+        if cluster is None:
+            return
+        conditions = [c for c in cluster.conditions if c.get("type") != ERROR_CONDITION]
+        conditions.append({"type": ERROR_CONDITION, **error.as_condition(now)})
+        Cluster.objects.filter(pk=cluster_id).update(
+            conditions=conditions, last_error=error.message[:5000],
+            next_reconcile_at=now + timezone.timedelta(seconds=error.retry_after))
+
+    def clear_error(self, cluster_id: int) -> None:
+        pass  # reconcile_cluster's own last write drops the condition
+
+
+CLUSTERS = _Clusters()
+
+
+def _capacity(cluster) -> set[tuple[int, int]]:
+    """The working nodes jobs may be placed on, with their pools."""
+    return set(Node.objects.filter(cluster=cluster, state=Node.State.READY, is_spare=False)
+               .values_list("id", "pool_id"))
 
 
 def _record_health(pool, signals, now) -> None:
@@ -116,16 +140,17 @@ def _record_health(pool, signals, now) -> None:
         if not actionable:
             NodeHealthEvent.objects.filter(pk=event.pk).update(handled_at=now)
             continue
-        job_ids = jobs_on_node(node.id)
-        if job_ids:
-            _enqueue_jobs(job_ids)  # the jobs handle it: checkpoint, stop, replace
-            continue
+        if wake.jobs_on(node.id):
+            continue  # the jobs handle it: checkpoint, stop, replace
         # Nothing runs there: take the node out now.
         evidence = {"health_event": event.id, "kind": signal.kind, **signal.evidence}
         if signal.kind == NodeHealthEvent.Kind.SPOT_NOTICE:
             replace_node(node, f"spot interruption notice: {signal.message}", now)
         else:
-            cordon_with_evidence(node, f"{signal.kind}: {signal.message}", evidence, now)
+            # A failing node leaves service with its evidence, and a spare
+            # takes its place, as it would under a job.
+            take_out(node, f"{signal.kind}: {signal.message}", evidence, now,
+                     replace_reason=f"replaced after {signal.kind}: {signal.message}"[:300])
         NodeHealthEvent.objects.filter(pk=event.pk).update(handled_at=now)
 
 
@@ -153,11 +178,5 @@ def _carry_out_drains(pool, provider, info, now) -> None:
             continue
         if node.state in (Node.State.READY, Node.State.CORDONED):
             node.drain("draining for a replacement asked by an operator", now=now)
-        sent = NodeEvent.objects.filter(
-            node=node, reason="drain sent to the provider", created_at__gte=node.state_changed_at
-        ).exists()
-        if not sent:
-            provider.drain(info, node.name)
-            NodeEvent.objects.create(node=node, from_state=node.state, to_state=node.state,
-                                     reason="drain sent to the provider", created_at=now)
-        _enqueue_jobs(job_ids)
+        send_drain(node, provider, info, now)
+        wake.jobs(job_ids)

@@ -6,6 +6,8 @@ from django.db.models import F
 
 from clusters.models import Node, NodeEvent
 
+from .replacement import promote_spare
+
 ACTIVE = (Node.State.PROVISIONING, Node.State.READY, Node.State.CORDONED, Node.State.DRAINING)
 
 
@@ -40,8 +42,6 @@ def sync_pool(pool, provider, info, now) -> None:
 
 def promote_for_size(pool, now) -> None:
     """A pool short of working nodes (one was retired) takes spares."""
-    from .replacement import promote_spare
-
     working = Node.objects.filter(
         pool=pool, is_spare=False, state__in=(Node.State.READY, Node.State.PROVISIONING)
     ).count()
@@ -96,3 +96,14 @@ def account_ready_time(cluster, now) -> None:
     Node.objects.filter(cluster=cluster, state=Node.State.READY).update(
         ready_seconds=F("ready_seconds") + delta
     )
+
+
+def send_drain(node: Node, provider, info, now) -> None:
+    """Ask the provider to drain the node, once per stay in its state."""
+    node.refresh_from_db()
+    if node.drain_sent:
+        return
+    provider.drain(info, node.name)
+    Node.objects.filter(pk=node.pk).update(drain_sent_at=now)
+    NodeEvent.objects.create(node=node, from_state=node.state, to_state=node.state,
+                             reason="drain sent to the provider", created_at=now)

@@ -1,29 +1,30 @@
 """Taking a bad node out of service and putting a spare in its place.
 
 Used by the job reconciler (a node failed under a job) and the cluster
-reconciler (an operator asked for a replacement, a spot notice on an idle
-node). Every step writes a NodeEvent through Node.transition; the provider
-is asked to retire the bad node and bring up a new spare.
+reconciler (an operator asked for a replacement, a failing or noticed idle
+node). Every step writes a NodeEvent through Node.transition.
 
-Both reconcilers may replace the same node at once, under different locks,
-and the provider's call may block for minutes (AWS waits for the group's new
-instance). So a replacement is claimed before anything else happens: one
+A replacement has two halves. The claim is quick and local: one
 transaction, holding the node's row, moves it to `replaced` and promotes one
-spare in its place. Only the pass that made that move calls the provider;
-any other finds the node replaced and returns the same spare. Until the
-provider has answered, `replace_requested_at` says the call is owed and when
-it was last asked; the cluster reconciler asks again for a claim whose call
-failed, or whose pass died, past a lease (`retry_owed_replacements`).
+spare in its place, so a job can relaunch on that spare at once; a pass that
+finds the node claimed already promotes nothing. The provider's half (retire
+the machine, bring up a new spare) may block for minutes (AWS waits for the
+group's new instance), so it never runs on a job's reconcile: the claim
+leaves `replace_requested_at` set (the ask is owed) and the cluster
+reconcile asks (`ask_owed_replacements`), again with backoff after a
+failure, and again after a lease when the pass that asked died.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import transaction
 from django.db.models import F
 
+from clusters import wake
 from clusters.models import Node, NodeEvent, NodeHealthEvent
 from clusters.providers import get_provider, pool_info
 from controlplane.lib.errors import IllegalTransition
@@ -34,7 +35,6 @@ log = logging.getLogger(__name__)
 # `replace_timeout_s`) is taken for dead, and the replacement asked again.
 REPLACE_LEASE_S = 600.0
 ASKED = "replacement asked of the provider"
-FAILED_ASK = "the provider's replacement failed"
 
 
 def cordon_with_evidence(node: Node, reason: str, evidence: dict, now, *,
@@ -44,6 +44,45 @@ def cordon_with_evidence(node: Node, reason: str, evidence: dict, now, *,
     A node the provider already reported failed is cordoned too, so the
     evidence is on its timeline and the failure it showed is counted once
     (the report counted it)."""
+    cordoned = _cordon_row(node, reason, evidence, now, health_kind, count_failure)
+    if cordoned:
+        _cordon_at_provider(node)
+    return cordoned
+
+
+@dataclass(frozen=True)
+class TakenOut:
+    cordoned: bool  # this call cordoned it (else something took it out before)
+    spare: Node | None  # the spare promoted in its place (or the one a first claim promoted)
+    provisioned: Node | None  # the provider's new machine, joining as a spare
+
+
+def take_out(node: Node, reason: str, evidence: dict, now, *, replace_reason: str,
+             health_kind: str | None = None, count_failure: bool = True,
+             ask_provider: bool = True) -> TakenOut:
+    """Cordon a bad node with its evidence and replace it from the spares.
+
+    The cordon and the claim are one transaction: between two, a cluster pass
+    would find the pool a working node short and promote a spare of its own,
+    and the claim would promote a second one (a pool over its size, and a
+    replaced node with no successor). A job's pass leaves the provider's half
+    to the cluster reconcile (`ask_provider=False`)."""
+    with transaction.atomic():
+        cordoned = _cordon_row(node, reason, evidence, now, health_kind, count_failure)
+        claimed, spare = _claim(node, replace_reason, now)
+    if cordoned:
+        _cordon_at_provider(node)
+    if not claimed:
+        spare = Node.objects.filter(replaces=node).order_by("id").first()
+        return TakenOut(cordoned, spare, None)
+    if not ask_provider:
+        wake.cluster(node.cluster_id)  # the cluster reconcile asks the provider soon
+        return TakenOut(cordoned, spare, None)
+    return TakenOut(cordoned, spare, _ask_provider(node, replace_reason, now))
+
+
+def _cordon_row(node: Node, reason: str, evidence: dict, now, health_kind: str | None,
+                count_failure: bool) -> bool:
     if health_kind is not None:
         NodeHealthEvent.objects.create(
             node=node, kind=health_kind, severity=NodeHealthEvent.Severity.CRITICAL,
@@ -61,11 +100,14 @@ def cordon_with_evidence(node: Node, reason: str, evidence: dict, now, *,
         return False
     if count_failure and was != Node.State.FAILED:
         Node.objects.filter(pk=node.pk).update(failure_count=F("failure_count") + 1)
+    return True
+
+
+def _cordon_at_provider(node: Node) -> None:
     try:
         get_provider(node.cluster).cordon(pool_info(node.pool), node.name)
     except Exception as exc:  # the row is the truth; the provider catches up next pass
         log.warning("provider cordon of %s failed: %s", node.name, exc)
-    return True
 
 
 def promote_spare(pool, replaces: Node | None, now) -> Node | None:
@@ -104,7 +146,8 @@ def _claim(node: Node, reason: str, now) -> tuple[bool, Node | None]:
             return False, None
         if row.state in (Node.State.READY, Node.State.PROVISIONING):
             row.cordon(reason, now=now)
-        row.transition(Node.State.REPLACED, reason=reason, now=now, replace_requested_at=now)
+        row.transition(Node.State.REPLACED, reason=reason, now=now, replace_requested_at=now,
+                       replace_asked_at=None)
         spare = promote_spare(row.pool, row, now)
     node.refresh_from_db()
     return True, spare
@@ -114,19 +157,24 @@ def _ask_provider(node: Node, reason: str, now) -> Node | None:
     """The claimed node's provider call; the new machine it returns joins as a spare."""
     pool = node.pool
     asked_at = node.replace_requested_at
+    Node.objects.filter(pk=node.pk).update(replace_asked_at=now)
     NodeEvent.objects.create(node=node, from_state=node.state, to_state=node.state,
                              reason=ASKED, evidence={"reason": reason[:300]}, created_at=now)
     try:
         info = get_provider(node.cluster).replace(pool_info(pool), node.name)
-    except Exception as exc:  # retried by the cluster reconcile; the spare already took its place
+    except Exception as exc:  # asked again with backoff; the spare already took its place
         log.warning("provider replace of %s failed: %s", node.name, exc)
+        Node.objects.filter(pk=node.pk).update(replace_error=str(exc)[:2000],
+                                               replace_failed_at=now,
+                                               replace_failures=F("replace_failures") + 1)
         NodeEvent.objects.create(node=node, from_state=node.state, to_state=node.state,
-                                 reason=f"{FAILED_ASK}: {exc}"[:300],
+                                 reason=f"the provider's replacement failed: {exc}"[:300],
                                  evidence={"error": str(exc)[:1000]}, created_at=now)
         return None
     # Only the ask this pass made is settled: a later one keeps its own mark.
     Node.objects.filter(pk=node.pk, replace_requested_at=asked_at).update(
-        replace_requested_at=None)
+        replace_requested_at=None, replace_asked_at=None, replace_error="",
+        replace_failed_at=None, replace_failures=0)
     NodeEvent.objects.create(node=node, from_state=node.state, to_state=node.state,
                              reason=f"the provider replaced it with {info.name}" if info
                              else "the provider took it back; the new machine comes later",
@@ -151,8 +199,9 @@ def _ask_provider(node: Node, reason: str, now) -> Node | None:
 
 def replace_node(node: Node, reason: str, now) -> tuple[Node | None, Node | None]:
     """Claim `node`, promote a spare in its place, and ask the provider to
-    replace the machine. Idempotent, also under concurrent passes: a pass
-    that finds the node claimed calls nothing and promotes nothing.
+    replace the machine: the cluster reconcile's way. Idempotent, also under
+    concurrent passes: a pass that finds the node claimed calls nothing and
+    promotes nothing.
 
     Returns (the spare in the node's place or None, the provider's new spare
     or None)."""
@@ -162,29 +211,47 @@ def replace_node(node: Node, reason: str, now) -> tuple[Node | None, Node | None
     return spare, _ask_provider(node, reason, now)
 
 
+# After the provider failed a replacement, it is asked again after this long,
+# doubling per failure in a row up to the cap.
+ASK_BACKOFF_S = 30.0
+ASK_BACKOFF_MAX_S = 1800.0
+
+
 def _lease_s(pool) -> float:
-    return max(REPLACE_LEASE_S, 2 * float(pool.settings.get("replace_timeout_s", 300)))
+    # Only providers that wait for a new machine have the setting (AWS pools).
+    return max(REPLACE_LEASE_S, 2 * getattr(pool.config, "replace_timeout_s", 300.0))
 
 
-def retry_owed_replacements(pool, now) -> list[Node]:
-    """Ask the provider again for claimed nodes it never replaced: the ask
-    failed, or the pass that made it died (its lease ran out). Each retry is
-    claimed by moving `replace_requested_at` on, so two passes never both ask."""
-    stale = now - timedelta(seconds=_lease_s(pool))
+def _ask_due(node: Node, now, lease_s: float) -> bool:
+    if node.replace_asked_at is None:
+        return True  # claimed by a job's pass, never asked
+    failed = node.replace_failed_at is not None and node.replace_failed_at >= node.replace_asked_at
+    if failed:
+        backoff = min(ASK_BACKOFF_MAX_S, ASK_BACKOFF_S * 2 ** max(0, node.replace_failures - 1))
+        return now >= node.replace_failed_at + timedelta(seconds=backoff)
+    # An ask with no answer past the lease: the pass that made it died.
+    return node.replace_asked_at <= now - timedelta(seconds=lease_s)
+
+
+def ask_owed_replacements(pool, now) -> list[Node]:
+    """Ask the provider for claimed nodes it has not replaced: claimed by a
+    job's pass and never asked, failed (again after a backoff), or asked by a
+    pass that died (past a lease). Each ask is claimed by moving
+    `replace_asked_at` on, so two passes never both ask."""
+    lease_s = _lease_s(pool)
     owed = Node.objects.filter(pool=pool, state=Node.State.REPLACED,
                                replace_requested_at__isnull=False)
     done = []
     for node in owed:
-        failed = NodeEvent.objects.filter(
-            node=node, reason__startswith=FAILED_ASK, created_at__gte=node.replace_requested_at
-        ).exists()
-        if not failed and node.replace_requested_at > stale:
-            continue  # an ask is still in flight
+        if not _ask_due(node, now, lease_s):
+            continue
         if not Node.objects.filter(
-            pk=node.pk, replace_requested_at=node.replace_requested_at
-        ).update(replace_requested_at=now):
-            continue  # another pass took this retry
+            pk=node.pk, replace_asked_at=node.replace_asked_at
+        ).update(replace_asked_at=now):
+            continue  # another pass took this ask
         node.refresh_from_db()
-        if _ask_provider(node, "replacement asked again", now) is not None:
+        again = node.replace_failures > 0 or node.events.filter(reason=ASKED).exists()
+        reason = "replacement asked again" if again else "replacement asked"
+        if _ask_provider(node, reason, now) is not None:
             done.append(node)
     return done

@@ -23,6 +23,8 @@ from clusters.providers import Placement, PreflightResult, pool_info
 from controlplane.lib import locks
 from controlplane.lib.errors import PermanentError, TemporaryError
 
+from .. import wake
+from ..workload import jobs_on_node
 from .replacement import cordon_with_evidence
 
 log = logging.getLogger(__name__)
@@ -41,11 +43,10 @@ def unchecked_spares(pool, now, max_age_s: float):
 def check_one_spare(cluster, pools, provider, now) -> Node | None:
     """Run a single-node preflight on the first ready spare of `pools` that
     has no recent pass; return the spare checked (None if none was)."""
-    from jobs.reconcile.common import cluster_setting
-
-    if not cluster_setting(cluster, "preflight"):
+    cfg = cluster.config
+    if not cfg.preflight_on:
         return None
-    max_age = cluster_setting(cluster, "preflight_max_age_s")
+    max_age = cfg.preflight_max_age_s
     for pool in pools:
         spare = unchecked_spares(pool, now, max_age).first()
         if spare is None:
@@ -54,7 +55,7 @@ def check_one_spare(cluster, pools, provider, now) -> Node | None:
                               address=spare.address)
         try:
             result = provider.preflight(pool_info(pool), (placement,),
-                                        timeout_s=cluster_setting(cluster, "preflight_timeout_s"))
+                                        timeout_s=cfg.preflight_timeout_s)
         except (PermanentError, TemporaryError) as exc:
             log.warning("cluster %s: preflight of spare %s not run: %s",
                         cluster.name, spare.name, exc)
@@ -85,8 +86,6 @@ def _settle(spare: Node, result: PreflightResult, now) -> None:
         return
     evidence = {"preflight": check, "message": result.message, "when": "joining"}
     reason = f"failed its preflight check on joining: {result.message}"
-    from . import _enqueue_jobs, jobs_on_node
-
     job_ids = jobs_on_node(spare.id)
     if job_ids:
         # A job took the spare while it was being checked: the job acts on the
@@ -96,6 +95,6 @@ def _settle(spare: Node, result: PreflightResult, now) -> None:
             severity=NodeHealthEvent.Severity.CRITICAL, message=reason[:500],
             evidence=evidence, created_at=now,
         )
-        _enqueue_jobs(job_ids)
+        wake.jobs(job_ids)
         return
     cordon_with_evidence(spare, reason, evidence, now, health_kind=NodeHealthEvent.Kind.NCCL_TEST)

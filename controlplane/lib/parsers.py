@@ -1,5 +1,9 @@
 """API request bodies: JSON only, and never past REGATTA_MAX_BODY_BYTES
-(settings.DATA_UPLOAD_MAX_MEMORY_SIZE).
+(settings.DATA_UPLOAD_MAX_MEMORY_SIZE), nested at most MAX_JSON_DEPTH deep,
+and with no string (key or value, at any depth) that PostgreSQL cannot store:
+a NUL character or an unpaired UTF-16 surrogate. Every endpoint parses with
+`BoundedJSONParser`, so each answers such a body with one 400 naming every
+bad place at once, before a view sees it.
 
 The size is checked twice. `ApiBodyLimitMiddleware` answers 413 from the
 declared Content-Length before any view runs, whatever the content type: DRF
@@ -10,16 +14,36 @@ because DRF hands parsers the raw stream, which skips it.
 """
 
 import io
+import math
+import re
 
 from django.conf import settings
 from django.http import JsonResponse
+from rest_framework import serializers
+from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
 API_PREFIX = "/api/"
+# Deeper than any body the API takes (hyperparameters, event data); and far
+# below Python's recursion limit, which a deeper body would otherwise hit.
+MAX_JSON_DEPTH = 32
+# Only these escapes can put a NUL or a lone surrogate into a parsed string:
+# raw control characters and invalid UTF-8 are refused by the JSON parser.
+_SUSPECT_ESCAPE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+BAD_STRING = "Must not contain NUL characters or unpaired surrogates (\\u0000, \\ud800-\\udfff)."
+# A number this long or with an exponent this large may overflow a double to
+# infinity (1e999), which JSON columns cannot store; only then are floats checked.
+_SUSPECT_NUMBER = re.compile(rb"\d{300}|[eE]\+?\d{3}")
+BAD_NUMBER = "A finite number is required (this one overflows)."
 
 
 def too_large_detail() -> str:
     return f"Request body too large: at most {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes."
+
+
+def too_deep_detail() -> str:
+    return f"JSON nested too deeply: at most {MAX_JSON_DEPTH} levels of objects and lists."
 
 
 class BoundedJSONParser(JSONParser):
@@ -27,8 +51,64 @@ class BoundedJSONParser(JSONParser):
         request = (parser_context or {}).get("request")
         django_request = getattr(request, "_request", None)
         if django_request is not None and not django_request._read_started:
-            stream = io.BytesIO(django_request.body)
-        return super().parse(stream, media_type, parser_context)
+            body = django_request.body
+        else:
+            body = stream.read() if stream is not None else b""
+        try:
+            data = super().parse(io.BytesIO(body), media_type, parser_context)
+        except RecursionError:
+            raise ParseError(too_deep_detail()) from None
+        strings = _SUSPECT_ESCAPE.search(body) is not None
+        numbers = _SUSPECT_NUMBER.search(body) is not None
+        # Fewer brackets than the limit cannot nest past it: skip the walk.
+        if strings or numbers or body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH:
+            check_json(data, strings=strings)
+        return data
+
+
+def _label(key) -> str:
+    return key if isinstance(key, str) and not _UNSTORABLE.search(key) else ascii(key)
+
+
+def _children(value, path: str):
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield key, item, f"{path}.{_label(key)}" if path else _label(key)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield None, item, f"{path}[{i}]"
+
+
+def _scalar_problem(value, strings: bool) -> str | None:
+    if isinstance(value, str):
+        return BAD_STRING if strings and _UNSTORABLE.search(value) else None
+    if isinstance(value, float) and not math.isfinite(value):
+        return BAD_NUMBER
+    return None
+
+
+def check_json(data, *, strings: bool = True) -> None:
+    """Refuse a parsed body nested past MAX_JSON_DEPTH or holding a string
+    or number PostgreSQL cannot store; iterative, so a deep body cannot
+    exhaust the stack. The 400 names every bad place (a dotted path, `[i]`
+    for list items)."""
+    bad: dict[str, list[str]] = {}
+    stack = [(data, "", 1)]
+    while stack:
+        value, path, depth = stack.pop()
+        if not isinstance(value, dict | list):
+            problem = _scalar_problem(value, strings)
+            if problem:
+                bad[path or "non_field_errors"] = [problem]
+            continue
+        if depth > MAX_JSON_DEPTH:
+            raise ParseError(too_deep_detail())
+        for key, item, child in _children(value, path):
+            if strings and isinstance(key, str) and _UNSTORABLE.search(key):
+                bad[child] = [f"Key: {BAD_STRING}"]
+            stack.append((item, child, depth + 1))
+    if bad:
+        raise serializers.ValidationError(dict(sorted(bad.items())))
 
 
 class ApiBodyLimitMiddleware:

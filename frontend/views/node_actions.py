@@ -36,7 +36,9 @@ def node_action(request, pk: int, action: str):
     node = _operator_node(request, pk)
     if node is None:
         return HttpResponseForbidden("Only operators may do this.")
-    reason = request.POST.get("reason", "").strip()[:REASON_MAX]
+    # A form cannot carry a lone surrogate, but it can carry NUL (%00), which
+    # PostgreSQL refuses: dropped here, as the API refuses it (400).
+    reason = request.POST.get("reason", "").replace("\x00", "").strip()[:REASON_MAX]
     try:
         event = ACTIONS[action](node, request.user, reason)
     except IllegalTransition as exc:

@@ -18,15 +18,16 @@ from datetime import timedelta
 from django.db.models import Q
 from django.utils import timezone
 
-from controlplane.lib import locks
+from controlplane.lib import runner
 from controlplane.lib.reconcile import Result
 
 from .. import checkpoint_interval, goodput, scheduling
-from ..models import JobAttempt, Phase, TrainingJob
+from ..models import JobAttempt, Phase, RankStatus, TrainingJob
 from . import failures, finish, launch, preempt
 from .common import Ctx
+from .detect import ALL_REPORTING, Failure, detect
 
-__all__ = ["due_job_ids", "reconcile_job", "reconcile_job_locked"]
+__all__ = ["JOBS", "due_job_ids", "reconcile_job", "reconcile_job_locked"]
 
 # With nothing asked, a live job is still looked at this often (the safety net).
 IDLE_REQUEUE_S = 60.0
@@ -42,12 +43,9 @@ def due_job_ids(now, limit: int = 10_000) -> list[int]:
 
 
 def reconcile_job_locked(job_id: int, now=None) -> Result | None:
-    """The entry point tasks call. None: another worker holds the job."""
-    now = now or timezone.now()
-    with locks.hold(f"job:{job_id}") as acquired:
-        if not acquired:
-            return None
-        return reconcile_job(job_id, now)
+    """The entry point tasks call: the one reconcile runner (lock, error
+    classes). None: another worker holds the job."""
+    return runner.run(JOBS, job_id, now or timezone.now())
 
 
 def reconcile_job(job_id: int, now=None) -> Result:
@@ -63,10 +61,53 @@ def reconcile_job(job_id: int, now=None) -> Result:
         nxt = None
     else:
         nxt = now + timedelta(seconds=IDLE_REQUEUE_S if after is None else after)
+    # A pass that got this far succeeded: an error an earlier one met is over.
+    conditions = [c for c in job.conditions or [] if c.get("type") != ERROR_CONDITION]
     TrainingJob.objects.filter(pk=job_id).update(
-        next_reconcile_at=nxt, observed_generation=job.generation
+        next_reconcile_at=nxt, observed_generation=job.generation, conditions=conditions,
     )
     return result
+
+
+ERROR_CONDITION = "ReconcileError"
+
+
+class _Jobs:
+    """Jobs as the reconcile runner sees them (controlplane/lib/runner.py)."""
+
+    name = "job"
+
+    def reconcile(self, job_id: int, now) -> Result:
+        return reconcile_job(job_id, now)
+
+    def errors_in_a_row(self, job_id: int) -> int:
+        conditions = TrainingJob.objects.filter(pk=job_id).values_list("conditions", flat=True)
+        found = next((c for c in conditions.first() or [] if c.get("type") == ERROR_CONDITION),
+                     None)
+        return int(found["count"]) if found else 0
+
+    def record_error(self, job_id: int, now, error: runner.ReconcileError) -> None:
+        job = TrainingJob.objects.filter(pk=job_id).first()
+        if job is None:
+            return
+        previous = next((c for c in job.conditions or [] if c.get("type") == ERROR_CONDITION),
+                        None)
+        conditions = [c for c in job.conditions or [] if c.get("type") != ERROR_CONDITION]
+        conditions.append({"type": ERROR_CONDITION, **error.as_condition(now)})
+        TrainingJob.objects.filter(pk=job_id).update(
+            conditions=conditions, last_error=error.message[:5000],
+            next_reconcile_at=now + timedelta(seconds=error.retry_after))
+        # One event per distinct error, not one per retry of the same.
+        if previous is None or previous.get("message") != error.message[:1000]:
+            job.record(ERROR_CONDITION, error.message[:1000], now=now,
+                       evidence={"error_class": error.error_class, "count": error.count,
+                                 "retry_after_s": error.retry_after})
+
+    def clear_error(self, job_id: int) -> None:
+        pass  # reconcile_job's own last write drops the condition
+
+
+JOBS = _Jobs()
 
 
 def _step(ctx: Ctx) -> Result:
@@ -75,14 +116,12 @@ def _step(ctx: Ctx) -> Result:
         return finish.cancel(ctx)
     if job.phase == Phase.PENDING:
         job.transition(Phase.QUEUED, reason="Queued", now=ctx.now,
-                       message=f"waiting for {job.gpus} GPUs on {ctx.cluster.name}")
+                       message=f"waiting for {job.world_size} GPUs on {ctx.cluster.name}")
+        scheduling.request_admission(job.cluster_id)
     if job.phase == Phase.QUEUED:
-        interval = ctx.setting("queue_interval_s")
-        if not scheduling.admit_unless_fresh(job, ctx.now, max_age_s=interval):
-            return Result.after(interval, job.pending_reason)
-        job.refresh_from_db()
-        if job.phase == Phase.QUEUED:
-            return Result.after(interval, job.pending_reason)
+        # Admission is the cluster's pass (scheduling.py); a queued job only
+        # carries the reason that pass left it.
+        return Result.after(ctx.config.queue_interval_s, job.pending_reason)
     if job.phase in (Phase.ADMITTED, Phase.RESTARTING):
         result = launch.start(ctx)
         job.refresh_from_db()
@@ -90,6 +129,7 @@ def _step(ctx: Ctx) -> Result:
             # Back in the queue (no nodes at launch, a failed preflight) with
             # the launch's reason; the place it takes in the queue goes with it.
             scheduling.note_position(job)
+            scheduling.request_admission(job.cluster_id)
         return result
     if job.phase in (Phase.STARTING, Phase.RUNNING):
         return _watch(ctx)
@@ -110,21 +150,21 @@ def _watch(ctx: Ctx) -> Result:
     _progress(ctx, attempt)
     if _person_asked_restart(ctx, attempt):
         return _relaunch_now(ctx, Result.after(0, "restart asked"))
-    failure = failures.detect(ctx, attempt, status)
-    if failure == "wait":
+    found = detect(ctx, attempt, status)
+    if found.wait_for_root_cause:
         return Result.after(0.5, "waiting for the root cause")
-    if failure is not None:
-        return _relaunch_now(ctx, failures.handle(ctx, attempt, failure))
+    if found.failure is not None:
+        return _relaunch_now(ctx, failures.handle(ctx, attempt, found.failure))
     if status.state == "succeeded":
         return finish.succeed(ctx, attempt)
     if status.state == "unknown":
-        return failures.handle(ctx, attempt, failures.Failure(
+        return failures.handle(ctx, attempt, Failure(
             "transient", f"the provider lost the attempt: {status.message}", replace=False))
     result = preempt.check(ctx, attempt)
     if result is not None:
         return _relaunch_now(ctx, result)
     checkpoint_interval.refresh(job)
-    return Result.after(ctx.setting("observe_interval_s"), "watching")
+    return Result.after(ctx.config.observe_interval_s, "watching")
 
 
 def _relaunch_now(ctx: Ctx, result: Result) -> Result:
@@ -139,16 +179,14 @@ def _relaunch_now(ctx: Ctx, result: Result) -> Result:
 def _progress(ctx: Ctx, attempt: JobAttempt) -> None:
     job, now = ctx.job, ctx.now
     attempt.refresh_from_db()
+    _note_all_reporting(ctx, attempt)
     if attempt.last_step != job.current_step and attempt.last_step > 0:
         TrainingJob.objects.filter(pk=job.pk).update(current_step=attempt.last_step)
         job.current_step = attempt.last_step
     if attempt.first_step_at is None and attempt.last_step == 0:
         return
     if attempt.state == JobAttempt.State.STARTING:
-        JobAttempt.objects.filter(pk=attempt.pk, state=JobAttempt.State.STARTING).update(
-            state=JobAttempt.State.RUNNING, first_step_at=attempt.first_step_at or now
-        )
-        attempt.refresh_from_db()
+        attempt.first_step_seen(now)
     if job.phase == Phase.STARTING:
         job.transition(Phase.RUNNING, reason="Running", attempt=attempt, now=now,
                        message=f"first step of attempt {attempt.number}",
@@ -159,6 +197,22 @@ def _progress(ctx: Ctx, attempt: JobAttempt) -> None:
     goodput.book_running(job, attempt, now)
 
 
+def _note_all_reporting(ctx: Ctx, attempt: JobAttempt) -> None:
+    """The start-up milestone between the launch and the first step: every
+    rank heard from. The first-step deadline counts from here (detect.py)."""
+    if attempt.first_step_at is not None:
+        return
+    noted = ctx.condition(ALL_REPORTING)
+    if noted is not None and noted.get("attempt") == attempt.id:
+        return
+    reporting = RankStatus.objects.filter(attempt=attempt).count()
+    if reporting < ctx.job.world_size:
+        return
+    ctx.set_condition(ALL_REPORTING, attempt=attempt.id, at=ctx.now.timestamp())
+    ctx.job.record(ALL_REPORTING, f"all {reporting} ranks of attempt {attempt.number} report",
+                   attempt=attempt, now=ctx.now, evidence={"ranks": reporting})
+
+
 def _person_asked_restart(ctx: Ctx, attempt: JobAttempt) -> bool:
     """restart_from_step is spec: a new generation carrying it restarts the
     running gang from that step (once per generation)."""
@@ -167,13 +221,9 @@ def _person_asked_restart(ctx: Ctx, attempt: JobAttempt) -> bool:
         return False
     if (ctx.condition("RestartFromStep") or {}).get("generation") == job.generation:
         return False
-    ctx.provider.stop(attempt.provider_ref, grace_s=ctx.setting("stop_grace_s"))
-    changed = JobAttempt.objects.filter(pk=attempt.pk).exclude(
-        state__in=JobAttempt.ENDED
-    ).update(state=JobAttempt.State.STOPPED, ended_at=ctx.now,
-             failure_reason=f"restart from step {job.restart_from_step} asked")
-    if changed:
-        attempt.refresh_from_db()
+    ctx.provider.stop(attempt.provider_ref, grace_s=ctx.config.stop_grace_s)
+    if attempt.end(JobAttempt.State.STOPPED, ctx.now,
+                   failure_reason=f"restart from step {job.restart_from_step} asked"):
         goodput.book_attempt_end(job, attempt, ended_at=ctx.now)
     job.transition(Phase.RESTARTING, reason="RestartRequested", attempt=attempt, now=ctx.now,
                    message=f"restart from step {job.restart_from_step} asked",

@@ -12,20 +12,21 @@ from __future__ import annotations
 
 from checkpoints.export import export_final
 from checkpoints.models import Checkpoint
-from checkpoints.verification import newest_verified
 from controlplane.lib.reconcile import Result
 
 from .. import goodput, scheduling
+from ..checkpointing import newest_verified, open_job_storage
 from ..models import FailureClass, JobAttempt, JobEvent, Phase
 from .common import Ctx
-from .failures import Failure, handle
+from .detect import Failure
+from .failures import handle
 
 
 def _release(ctx: Ctx, attempt: JobAttempt | None) -> None:
     nodes = list(attempt.placements.values_list("node__name", flat=True)) if attempt else []
     ctx.job.record("NodesReleased", "the job's nodes are free" if nodes else "no nodes held",
                    attempt=attempt, now=ctx.now, evidence={"nodes": nodes})
-    scheduling.forget_pass(ctx.cluster)
+    scheduling.request_admission(ctx.cluster.id)
 
 
 def final_step(job, attempt: JobAttempt) -> int:
@@ -48,24 +49,37 @@ def final_step(job, attempt: JobAttempt) -> int:
 def succeed(ctx: Ctx, attempt: JobAttempt) -> Result:
     job, now = ctx.job, ctx.now
     target = final_step(job, attempt)
-    checkpoint = newest_verified(job, now)
+    storage = open_job_storage(job)
+    checkpoint = newest_verified(job, now, storage=storage)
     if checkpoint is None or checkpoint.step < target:
         return _final_checkpoint_missing(ctx, attempt, target, checkpoint)
-    artifact = export_final(job, checkpoint, now)
-    changed = JobAttempt.objects.filter(pk=attempt.pk).exclude(
-        state__in=JobAttempt.ENDED
-    ).update(state=JobAttempt.State.SUCCEEDED, ended_at=now, exit_code=0)
-    if changed:
-        attempt.refresh_from_db()
+    export(ctx, attempt, checkpoint, storage)
+    if attempt.end(JobAttempt.State.SUCCEEDED, now, exit_code=0):
         goodput.book_attempt_end(job, attempt, ended_at=now)
-    job.record("ModelExported", f"{artifact.name} v{artifact.version}", attempt=attempt,
-               now=now, evidence={"uri": artifact.uri, "sha256": artifact.sha256,
-                                  "bytes": artifact.bytes, "step": checkpoint.step})
     job.transition(Phase.SUCCEEDED, reason="Succeeded", attempt=attempt, now=now,
                    message=f"finished at step {checkpoint.step}", finished_at=now,
                    pending_reason="", current_step=checkpoint.step)
     _release(ctx, attempt)
     return Result.done("succeeded")
+
+
+def export(ctx: Ctx, attempt: JobAttempt, checkpoint: Checkpoint, storage):
+    """The final checkpoint into the registry. A failure is the job's event
+    with its message: the run itself succeeded, and its checkpoint stays."""
+    job, now = ctx.job, ctx.now
+    try:
+        artifact = export_final(job, checkpoint, storage, now)
+    except Exception as exc:  # whatever broke, the timeline says what
+        job.record("ExportFailed", f"step {checkpoint.step} was not exported: {exc}"[:1000],
+                   attempt=attempt, now=now,
+                   evidence={"step": checkpoint.step, "uri": checkpoint.uri,
+                             "error": f"{type(exc).__name__}: {exc}"[:2000]})
+        return None
+    job.record("ModelExported", f"{artifact.name} v{artifact.version}", attempt=attempt,
+               now=now, evidence={"uri": artifact.uri, "sha256": artifact.sha256,
+                                  "bytes": artifact.bytes, "step": checkpoint.step,
+                                  "format": artifact.format})
+    return artifact
 
 
 def _final_checkpoint_missing(ctx: Ctx, attempt: JobAttempt, target: int,
@@ -92,12 +106,8 @@ def cancel(ctx: Ctx) -> Result:
     attempt = ctx.live_attempt()
     if attempt is not None:
         if attempt.provider_ref:
-            ctx.provider.stop(attempt.provider_ref, grace_s=ctx.setting("stop_grace_s"))
-        changed = JobAttempt.objects.filter(pk=attempt.pk).exclude(
-            state__in=JobAttempt.ENDED
-        ).update(state=JobAttempt.State.STOPPED, ended_at=now, failure_reason="cancelled")
-        if changed:
-            attempt.refresh_from_db()
+            ctx.provider.stop(attempt.provider_ref, grace_s=ctx.config.stop_grace_s)
+        if attempt.end(JobAttempt.State.STOPPED, now, failure_reason="cancelled"):
             goodput.book_attempt_end(job, attempt, ended_at=now)
     job.transition(Phase.CANCELLED, reason="Cancelled", attempt=attempt, now=now,
                    message="ranks stopped" if attempt else "cancelled before launch",

@@ -17,16 +17,17 @@ from django.db import transaction
 from django.db.models import Min
 
 from checkpoints.models import Checkpoint
-from checkpoints.verification import job_checkpoint_uri, newest_verified
 from clusters.models import Cluster, Node, NodeHealthEvent
 from clusters.providers import LaunchRequest, Placement, PreflightResult
 from clusters.reconcile.replacement import cordon_with_evidence, promote_spare
 from controlplane.lib import locks
 from controlplane.lib.reconcile import Result
 
+from .. import signals
+from ..checkpointing import abandon_branch, job_checkpoint_uri, newest_verified
 from ..models import AttemptNode, JobAttempt, Phase, TrainingJob
 from ..scheduling import busy_node_ids
-from .common import Ctx, test_pause
+from .common import Ctx
 
 MAX_PREFLIGHT_ROUNDS = 3
 
@@ -43,12 +44,12 @@ def start(ctx: Ctx) -> Result:
         if attempt is None:
             return _no_nodes(ctx)
     if attempt.state == JobAttempt.State.PREFLIGHT:
-        if ctx.setting("preflight") and not attempt.preflight.get("ok"):
+        if ctx.config.preflight_on and not attempt.preflight.get("ok"):
             if not _preflight(ctx, attempt):
-                return Result.after(ctx.setting("queue_interval_s"), "preflight found no nodes")
-        test_pause("launch")
+                return Result.after(ctx.config.queue_interval_s, "preflight found no nodes")
+        signals.launch_point.send(TrainingJob, point="launch", job_id=ctx.job.id)
         _launch(ctx, attempt)
-    return Result.after(min(1.0, ctx.setting("observe_interval_s")), "launched")
+    return Result.after(min(1.0, ctx.config.observe_interval_s), "launched")
 
 
 def free_nodes(ctx: Ctx, prefer=()) -> list[Node]:
@@ -97,7 +98,7 @@ def _no_nodes(ctx: Ctx) -> Result:
                        pending_reason=reason)
     elif job.pending_reason != reason:
         TrainingJob.objects.filter(pk=job.pk).update(pending_reason=reason)
-    return Result.after(ctx.setting("queue_interval_s"), reason)
+    return Result.after(ctx.config.queue_interval_s, reason)
 
 
 def _placements(attempt: JobAttempt) -> tuple[Placement, ...]:
@@ -116,7 +117,7 @@ def _preflight(ctx: Ctx, attempt: JobAttempt) -> bool:
     for _ in range(MAX_PREFLIGHT_ROUNDS):
         placements = _placements(attempt)
         result = ctx.provider.preflight(ctx.pool_info, placements,
-                                        timeout_s=ctx.setting("preflight_timeout_s"))
+                                        timeout_s=ctx.config.preflight_timeout_s)
         # The check may have taken minutes: act on it only if the job is still ours.
         locks.ensure_held()
         report = {"ok": result.ok, "failed_nodes": list(result.failed_nodes),
@@ -134,9 +135,7 @@ def _preflight(ctx: Ctx, attempt: JobAttempt) -> bool:
             if not _swap_failed_node(ctx, attempt, name, result):
                 reason = (f"preflight failed on {name}; no healthy replacement free "
                           f"in pool {ctx.pool.name}")
-                JobAttempt.objects.filter(pk=attempt.pk).update(
-                    state=JobAttempt.State.FAILED, ended_at=ctx.now, failure_reason=reason
-                )
+                attempt.end(JobAttempt.State.FAILED, ctx.now, failure_reason=reason)
                 target = Phase.QUEUED
                 job.transition(target, reason="Requeued", message=reason, now=ctx.now,
                                attempt=attempt, pending_reason=reason,
@@ -148,7 +147,7 @@ def _preflight(ctx: Ctx, attempt: JobAttempt) -> bool:
 def _skip_recently_checked(ctx: Ctx, attempt: JobAttempt) -> bool:
     """True (and the skip recorded) when every chosen node passed a check
     within `preflight_max_age_s`."""
-    max_age = ctx.setting("preflight_max_age_s")
+    max_age = ctx.config.preflight_max_age_s
     nodes = [p.node for p in attempt.placements.select_related("node").order_by("node_rank")]
     ages = {n.name: n.preflight_age_s(ctx.now) for n in nodes}
     if not nodes or any(age is None or age > max_age for age in ages.values()):
@@ -242,15 +241,17 @@ def _launch(ctx: Ctx, attempt: JobAttempt) -> None:
     # The provider hands back the ranks a pass that died here had started;
     # the token above is theirs too, so their reports are accepted.
     ref = ctx.provider.launch(request)
-    test_pause("launched")
-    JobAttempt.objects.filter(pk=attempt.pk).update(
-        state=JobAttempt.State.STARTING, provider_ref=ref, started_at=ctx.now,
-        resumed_from=checkpoint, resume_step=checkpoint.step if checkpoint else None,
-    )
+    signals.launch_point.send(TrainingJob, point="launched", job_id=job.id)
+    attempt.launched(ctx.now, provider_ref=ref, resumed_from=checkpoint,
+                     resume_step=checkpoint.step if checkpoint else None)
     if by_person:
-        # restart_from_step is spec and stays; this note says it was honoured.
+        # restart_from_step is spec and stays; this note says it was honoured,
+        # and where the new branch starts.
+        branch = checkpoint.step if checkpoint else 0
         ctx.set_condition("RestartFromStep", generation=job.generation,
-                          step=job.restart_from_step, attempt=attempt.number)
+                          step=job.restart_from_step, attempt=attempt.number,
+                          branch_step=branch)
+        abandon_branch(job, branch, attempt.number, ctx.now)
     ctx.clear_condition("RestartBackoff")
     nodes = [p.node for p in placements]
     job.transition(

@@ -17,15 +17,15 @@ from datetime import datetime
 from django.utils.dateparse import parse_datetime
 
 from checkpoints.models import Checkpoint
-from clusters.models import Node, NodeEvent, NodeHealthEvent
+from clusters.models import Node, NodeHealthEvent
+from clusters.reconcile.nodes import send_drain
 from controlplane.lib.reconcile import Result
 
 from ..models import FailureClass, JobAttempt
 from .common import Ctx
-from .failures import Failure, handle
+from .detect import Failure
+from .failures import handle
 
-# Stopping and draining the gang after the checkpoint takes this long, at most.
-SPOT_DEADLINE_MARGIN_S = 10.0
 # EC2 warns two minutes before it acts; its EventBridge warning, and the taint
 # Node Termination Handler sets from it, carry when the warning came.
 EC2_NOTICE_LEAD_S = 120.0
@@ -65,11 +65,11 @@ def notice_deadline(notice: NodeHealthEvent) -> float | None:
 
 def _wait_s(ctx: Ctx, notice: NodeHealthEvent | None) -> tuple[float, float | None]:
     """(seconds to wait for the checkpoint, the notice's deadline or None)."""
-    wait = ctx.setting("spot_checkpoint_wait_s")
+    wait = ctx.config.spot_checkpoint_wait_s
     deadline = notice_deadline(notice) if notice is not None else None
     if deadline is None:
         return wait, None
-    margin = float(ctx.cluster.settings.get("spot_deadline_margin_s", SPOT_DEADLINE_MARGIN_S))
+    margin = ctx.config.spot_deadline_margin_s
     return max(0.0, min(wait, deadline - margin - ctx.now.timestamp())), deadline
 
 
@@ -113,13 +113,13 @@ def check(ctx: Ctx, attempt: JobAttempt) -> Result | None:
                    attempt=attempt, now=now,
                    evidence={"node": node.name, "request_id": request_id, "source": source,
                              "wait_s": round(wait_s, 3), "deadline": deadline})
-        return Result.after(min(1.0, ctx.setting("observe_interval_s"), wait_s),
+        return Result.after(min(1.0, ctx.config.observe_interval_s, wait_s),
                             "checkpoint asked")
     checkpoint = Checkpoint.objects.filter(job=job, request_id=pending["request_id"]).first()
     waited = now.timestamp() - pending["requested_at"]
-    wait_s = pending.get("wait_s", ctx.setting("spot_checkpoint_wait_s"))
+    wait_s = pending.get("wait_s", ctx.config.spot_checkpoint_wait_s)
     if checkpoint is None and waited < wait_s:
-        return Result.after(min(1.0, ctx.setting("observe_interval_s"), wait_s - waited),
+        return Result.after(min(1.0, ctx.config.observe_interval_s, wait_s - waited),
                             "waiting for checkpoint")
     if checkpoint is not None:
         job.record("EmergencyCheckpointCommitted", f"checkpoint at step {checkpoint.step}",
@@ -149,12 +149,6 @@ def check(ctx: Ctx, attempt: JobAttempt) -> Result | None:
 def _drain(ctx: Ctx, node: Node, source: str, now: datetime) -> None:
     if node.state == Node.State.READY or node.state == Node.State.CORDONED:
         node.drain(f"{source.replace('_', ' ')}: emergency checkpoint taken", now=now)
-    node.refresh_from_db()
-    sent = NodeEvent.objects.filter(node=node, reason="drain sent to the provider",
-                                    created_at__gte=node.state_changed_at).exists()
-    if not sent:
-        ctx.provider.drain(ctx.pool_info, node.name)
-        NodeEvent.objects.create(node=node, from_state=node.state, to_state=node.state,
-                                 reason="drain sent to the provider", created_at=now)
+    send_drain(node, ctx.provider, ctx.pool_info, now)
     ctx.job.record("NodeDrained", f"{node.name} drained", now=now,
                    evidence={"node": node.name, "source": source})

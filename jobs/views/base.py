@@ -1,6 +1,8 @@
 from django.shortcuts import get_object_or_404
 
-from ..permissions import IsPerson, visible_jobs
+from accounts.permissions import IsPerson
+
+from ..visibility import visible_jobs
 
 
 class JobScopedMixin:

@@ -4,9 +4,11 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.permissions import IsPerson
+
 from ..models import GoodputEntry
-from ..permissions import IsPerson, visible_teams
 from ..serializers import goodput_totals
+from ..visibility import visible_teams
 from .base import JobScopedMixin
 
 GoodputReport = inline_serializer("GoodputReport", {

@@ -6,11 +6,11 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.permissions import actor_for
 from controlplane.lib.api import Conflict
 from controlplane.lib.tasks import enqueue_on_commit
 
 from .. import tasks
-from ..permissions import actor_for
 from ..serializers import JobSerializer
 from ..validators import RestartValidator
 from .base import JobScopedMixin

@@ -1,7 +1,9 @@
 from rest_framework import generics
 
-from ..permissions import IsPerson, visible_jobs
+from accounts.permissions import IsPerson
+
 from ..serializers import JobSerializer
+from ..visibility import visible_jobs
 
 
 class JobDetailView(generics.RetrieveAPIView):

@@ -3,11 +3,13 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
 from rest_framework.response import Response
 
+from accounts.permissions import IsPerson
+
 from ..models import Phase, TrainingJob
-from ..permissions import IsPerson, visible_jobs
 from ..serializers import JobSerializer
 from ..services import submit_job
 from ..validators import JobSpecValidator
+from ..visibility import visible_jobs
 
 
 class JobFilter(django_filters.FilterSet):

@@ -3,9 +3,10 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from controlplane.lib.validation import StrictCharField
+
 from ..models import MetricPoint
 from ..series import DEFAULT_POINTS, MAX_POINTS, series
-from ..validators import StrictCharField
 from .base import JobScopedMixin
 
 

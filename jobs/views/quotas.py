@@ -5,10 +5,13 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
 from rest_framework.response import Response
 
+from accounts.permissions import IsPerson, ReadOrAdmin, is_operator
+
 from ..models import Quota
-from ..permissions import IsPerson, ReadOrAdmin, is_operator, visible_teams
+from ..scheduling import quota_usage, request_admission
 from ..serializers import QuotaSerializer
 from ..validators import QuotaValidator
+from ..visibility import visible_teams
 
 
 def visible_quotas(user):
@@ -25,11 +28,18 @@ class QuotaListView(generics.ListAPIView):
     def get_queryset(self):
         return visible_quotas(self.request.user)
 
+    def get_serializer(self, *args, **kwargs):
+        if kwargs.get("many"):  # a page of quotas: their usage in one query
+            kwargs["context"] = {**self.get_serializer_context(),
+                                 "quota_usage": quota_usage(args[0])}
+        return super().get_serializer(*args, **kwargs)
+
     @extend_schema(request=QuotaValidator, responses={201: QuotaSerializer})
     def post(self, request):
         body = QuotaValidator(data=request.data)
         body.is_valid(raise_exception=True)
         quota = Quota.objects.create(**body.validated_data)
+        request_admission(quota.cluster_id)
         return Response(QuotaSerializer(quota).data, status=status.HTTP_201_CREATED)
 
 
@@ -50,6 +60,7 @@ class QuotaDetailView(generics.RetrieveAPIView):
         body.is_valid(raise_exception=True)
         Quota.objects.filter(pk=quota.pk).update(**body.validated_data)
         quota.refresh_from_db()
+        request_admission(quota.cluster_id)
         return Response(QuotaSerializer(quota).data)
 
     def delete(self, request, pk):

@@ -1,14 +1,20 @@
 """Base of the worker endpoints: hit every few seconds by every rank, so they
 parse plain JSON by hand (no serializer machinery) and touch few rows."""
 
+from __future__ import annotations
+
 from rest_framework import serializers
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.views import APIView
 
 from accounts.authentication import ApiTokenAuthentication
+from controlplane.lib.validation import finite_number
 
-from ..validators import finite_number
 from ..worker_auth import IsAttemptWorker, WorkerTokenAuthentication
+
+# Every worker body may say which job it is about (the trainer sends it);
+# when it does, it must be this attempt's job.
+JOB_ID = "job_id"
 
 
 class WorkerView(APIView):
@@ -28,12 +34,24 @@ class WorkerView(APIView):
             raise serializers.ValidationError({"non_field_errors": ["Expected a JSON object."]})
         return data
 
+    def fields(self, known: tuple[str, ...]) -> Fields:
+        """The body's reader: refuses fields not in `known` (naming them) and
+        a `job_id` that is not this attempt's job."""
+        f = Fields(self.body(), known=(*known, JOB_ID))
+        job_id = f.data.get(JOB_ID)
+        if job_id not in (None, "") and str(job_id) != str(self.attempt.job_id):
+            f.errors[JOB_ID] = [f"Attempt {self.attempt.pk} belongs to job {self.attempt.job_id}."]
+        return f
+
 
 class Fields:
-    """Collects field errors while reading a JSON object."""
+    """Collects field errors while reading a JSON object; with `known`, a
+    field outside it is an error too, so one reply names every problem."""
 
-    def __init__(self, data: dict, prefix: str = ""):
+    def __init__(self, data: dict, prefix: str = "", *, known: tuple[str, ...] | None = None):
         self.data, self.prefix, self.errors = data, prefix, {}
+        for key in sorted(set(data) - set(known)) if known is not None else ():
+            self._err(key, "Unknown field.")
 
     def _err(self, key, message):
         self.errors[f"{self.prefix}{key}"] = [message]

@@ -8,7 +8,7 @@ from controlplane.lib.tasks import enqueue_on_commit
 from .. import tasks
 from ..models import RankStatus
 from . import worker_schema
-from .worker_base import Fields, WorkerView
+from .worker_base import WorkerView
 
 KIND = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 # Events after which the job should be looked at now, not at the next sweep.
@@ -24,7 +24,7 @@ class EventView(WorkerView):
 
     @worker_schema.events
     def post(self, request, attempt_id):
-        f = Fields(self.body())
+        f = self.fields(("kind", "rank", "message", "data", "node"))
         kind = f.str("kind", required=True, max_length=41)
         rank = f.int("rank", required=False, default=0, maximum=65535)
         message = f.str("message", max_length=10_000)

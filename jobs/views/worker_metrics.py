@@ -15,6 +15,9 @@ MAX_TIME = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
 # Copies of one batch racing each other: each lost race means the winner's
 # rows are committed and seen on the next look, so a few looks settle it.
 MAX_LOOKS = 5
+POINT_FIELDS = ("rank", "name", "step", "value", "time")
+# A reply names the errors of this many bad points at most.
+MAX_BAD_POINTS = 20
 
 
 class MetricsView(WorkerView):
@@ -24,10 +27,9 @@ class MetricsView(WorkerView):
 
     @worker_schema.metrics
     def post(self, request, attempt_id):
-        body = self.body()
-        f = Fields(body)
+        f = self.fields(("batch_id", "points"))
         f.str("batch_id", max_length=100)
-        points = body.get("points")
+        points = f.data.get("points")
         if not isinstance(points, list):
             f.errors["points"] = ["A list is required."]
             f.check()
@@ -36,35 +38,51 @@ class MetricsView(WorkerView):
                 {"detail": f"At most {MAX_BATCH} points per batch; got {len(points)}."},
                 status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
             )
-        attempt = self.attempt
-        now = timezone.now()
-        rows = []
-        for i, point in enumerate(points):
-            if not isinstance(point, dict):
-                f.errors[f"points[{i}]"] = ["A JSON object is required."]
-                break
-            p = Fields(point, prefix=f"points[{i}].")
-            rank = p.int("rank", maximum=65535)
-            name = p.str("name", required=True, max_length=64)
-            step = p.int("step")
-            value = p.number("value", required=True)
-            when = p.number("time", minimum=0)
-            if when is not None and when > MAX_TIME:
-                p.errors[f"points[{i}].time"] = [
-                    f"Must be a Unix time in seconds between 0 and {MAX_TIME:.0f}."
-                ]
-            if not name and f"points[{i}].name" not in p.errors:
-                p.errors[f"points[{i}].name"] = ["Must not be blank."]
-            if p.errors:
-                f.errors.update(p.errors)
-                break
-            rows.append(MetricPoint(
-                job_id=attempt.job_id, attempt_id=attempt.pk, rank=rank, name=name, step=step,
-                value=value, time=datetime.fromtimestamp(when, UTC) if when is not None else now,
-            ))
+        rows = _rows(self.attempt, points, f)
         f.check()
-        stored = _store_new(attempt, rows)
+        stored = _store_new(self.attempt, rows)
         return Response({"stored": stored, "duplicates": len(rows) - stored})
+
+
+def _rows(attempt, points: list, f: Fields) -> list:
+    """The batch's points as rows; the errors of every bad point (up to
+    MAX_BAD_POINTS of them) go into `f`."""
+    now = timezone.now()
+    rows, bad = [], 0
+    for i, point in enumerate(points):
+        if bad >= MAX_BAD_POINTS:
+            break
+        row = _row(attempt, point, f"points[{i}]", f, now)
+        if row is None:
+            bad += 1
+        else:
+            rows.append(row)
+    return rows
+
+
+def _row(attempt, point, where: str, f: Fields, now):
+    if not isinstance(point, dict):
+        f.errors[where] = ["A JSON object is required."]
+        return None
+    p = Fields(point, prefix=f"{where}.", known=POINT_FIELDS)
+    rank = p.int("rank", maximum=65535)
+    name = p.str("name", required=True, max_length=64)
+    step = p.int("step")
+    value = p.number("value", required=True)
+    when = p.number("time", minimum=0)
+    if when is not None and when > MAX_TIME:
+        p.errors[f"{where}.time"] = [
+            f"Must be a Unix time in seconds between 0 and {MAX_TIME:.0f}."
+        ]
+    if not name and f"{where}.name" not in p.errors:
+        p.errors[f"{where}.name"] = ["Must not be blank."]
+    if p.errors:
+        f.errors.update(p.errors)
+        return None
+    return MetricPoint(
+        job_id=attempt.job_id, attempt_id=attempt.pk, rank=rank, name=name, step=step,
+        value=value, time=datetime.fromtimestamp(when, UTC) if when is not None else now,
+    )
 
 
 def _not_stored(attempt, rows) -> list:

@@ -1,5 +1,5 @@
 """Checkpoints in S3 through the control plane's storage door
-(checkpoints/storage.py over the trainer's `trainer.storage`).
+(checkpoints/storage.py over the SDK's `regatta.storage`).
 
 AWS cannot be reached from here: moto's server on 127.0.0.1 stands in for
 S3 (real HTTP, real boto3, multipart uploads included).
@@ -10,19 +10,27 @@ import socket
 
 import pytest
 import torch
-from trainer import manifest as mf
+from django.utils import timezone
+from regatta import manifest as mf
 
-from checkpoints import retention, verification
+from checkpoints import verification
 from checkpoints.models import Checkpoint
 from checkpoints.storage import (
-    apply_retention,
-    open_job_storage,
+    S3Options,
     open_uri,
     retention_plan,
     verify_checkpoint,
 )
 from clusters.models import Cluster
+from clusters.settings import ClusterSettings
 from controlplane.lib.errors import PermanentError, TemporaryError
+from jobs.checkpointing import (
+    newest_verified,
+    open_job_storage,
+    protected_steps,
+    sweep_retention,
+)
+from jobs.checkpointing import prune as apply_retention
 from jobs.models import JobEvent, Team, TrainingJob
 from tests.support.aws_standin import REGION, aws, client, moto_url, unique  # noqa: F401  (fixtures)
 
@@ -98,8 +106,8 @@ def test_it_saves_with_a_multipart_upload_and_loads_the_same_weights(job, aws, b
 
 def test_it_verifies_a_checkpoint_against_its_manifest(job, tmp_path):
     checkpoint = save_checkpoint(job, 100, tmp_path)
-    assert verify_checkpoint(checkpoint) == (True, "ok")
-    assert verification.verify(checkpoint)
+    assert verify_checkpoint(checkpoint, open_job_storage(checkpoint.job)) == (True, "ok")
+    assert verification.verify(checkpoint, open_job_storage(job))[0]
     checkpoint.refresh_from_db()
     assert checkpoint.state == Checkpoint.State.VERIFIED and checkpoint.verified_at
 
@@ -111,10 +119,10 @@ def test_a_shard_changed_in_place_is_found_corrupt(job, aws, bucket, tmp_path): 
     body = bytearray(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
     body[-1] ^= 0xFF  # same size, different bytes
     s3.put_object(Bucket=bucket, Key=key, Body=bytes(body))
-    ok, reason = verify_checkpoint(checkpoint)
+    ok, reason = verify_checkpoint(checkpoint, open_job_storage(checkpoint.job))
     assert not ok and "__0_0.distcp does not match its sha256" in reason
 
-    assert not verification.verify(checkpoint)
+    assert newest_verified(job, timezone.now()) is None
     checkpoint.refresh_from_db()
     assert checkpoint.state == Checkpoint.State.CORRUPT
     assert JobEvent.objects.filter(job=job, kind="CheckpointCorrupt").count() == 1
@@ -123,14 +131,14 @@ def test_a_shard_changed_in_place_is_found_corrupt(job, aws, bucket, tmp_path): 
 def test_a_manifest_other_than_the_one_reported_is_refused(job, tmp_path):
     checkpoint = save_checkpoint(job, 100, tmp_path)
     checkpoint.manifest_sha256 = "0" * 64
-    ok, reason = verify_checkpoint(checkpoint)
+    ok, reason = verify_checkpoint(checkpoint, open_job_storage(checkpoint.job))
     assert not ok and "differs from the reported" in reason
 
 
 def test_an_unfinished_save_is_not_a_checkpoint(job, bucket, aws, tmp_path):  # noqa: F811
     checkpoint = save_checkpoint(job, 100, tmp_path)
     client("s3", aws).delete_object(Bucket=bucket, Key="runs/gpt/step-100/COMMITTED")
-    ok, reason = verify_checkpoint(checkpoint)
+    ok, reason = verify_checkpoint(checkpoint, open_job_storage(checkpoint.job))
     assert not ok and "no COMMITTED marker" in reason
 
 
@@ -139,7 +147,7 @@ def test_retention_deletes_files_then_rows_and_keeps_the_newest_verified(job, aw
     rows = {s: save_checkpoint(job, s, tmp_path) for s in (100, 200, 300, 400, 500)}
     Checkpoint.objects.filter(pk=rows[200].pk).update(state=Checkpoint.State.VERIFIED)
 
-    deleted = apply_retention(job)
+    deleted = apply_retention(job, None)
     assert deleted == [100, 300]
     states = dict(Checkpoint.objects.filter(job=job).values_list("step", "state"))
     assert states == {100: "deleted", 200: "verified", 300: "deleted", 400: "committed",
@@ -150,7 +158,7 @@ def test_retention_deletes_files_then_rows_and_keeps_the_newest_verified(job, aw
     (event,) = JobEvent.objects.filter(job=job, kind="CheckpointsDeleted")
     assert event.evidence["steps"] == [100, 300]
 
-    assert apply_retention(job) == []  # nothing more to do, nothing more written
+    assert apply_retention(job, None) == []  # nothing more to do, nothing more written
     assert JobEvent.objects.filter(job=job, kind="CheckpointsDeleted").count() == 1
 
 
@@ -161,23 +169,23 @@ def test_retention_never_deletes_the_last_verified_one_nor_a_chosen_restart(job,
     Checkpoint.objects.filter(job=job, step=300).update(state=Checkpoint.State.CORRUPT)
     TrainingJob.objects.filter(pk=job.pk).update(keep_last=1, restart_from_step=200)
     job.refresh_from_db()
-    keep, delete = retention_plan(job)
+    keep, delete = retention_plan(job, protected_steps(job))
     assert sorted(c.step for c in keep) == [100, 200, 400]
     assert [c.step for c in delete] == [300]
-    assert apply_retention(job) == [300]
+    assert apply_retention(job, None) == [300]
 
 
 def test_retention_keeps_everything_while_nothing_is_loadable(job, tmp_path):
     save_checkpoint(job, 100, tmp_path, state="corrupt")
     save_checkpoint(job, 200, tmp_path, state="corrupt")
-    assert apply_retention(job) == []
+    assert apply_retention(job, None) == []
     assert set(Checkpoint.objects.values_list("state", flat=True)) == {"corrupt"}
 
 
 def test_the_retention_sweep_prunes_s3_jobs(job, tmp_path):
     for step in (100, 200, 300):
         save_checkpoint(job, step, tmp_path)
-    assert retention.sweep(now=None) == 1
+    assert sweep_retention(now=None) == 1
     assert Checkpoint.objects.get(job=job, step=100).state == Checkpoint.State.DELETED
 
 
@@ -187,7 +195,7 @@ def test_the_sweep_registers_and_prunes_s3_folders_whose_reports_were_lost(job, 
         save_checkpoint(job, step, tmp_path)
     Checkpoint.objects.filter(job=job, step__in=(100, 200)).delete()  # reports lost
 
-    assert retention.sweep(now=None) == 1
+    assert sweep_retention(now=None) == 1
 
     states = dict(Checkpoint.objects.filter(job=job).values_list("step", "state"))
     assert states == {100: "deleted", 200: "committed", 300: "committed"}
@@ -201,10 +209,10 @@ def test_unreachable_storage_deletes_no_row(job, tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    storage = open_uri(job.storage_uri, {"region": REGION, "s3_endpoint_url": closed,
-                                         "s3_max_attempts": 1})
+    storage = open_uri(job.storage_uri, S3Options(region=REGION, endpoint_url=closed,
+                                                  max_attempts=1))
     with pytest.raises(TemporaryError):
-        apply_retention(job, storage=storage)
+        apply_retention(job, None, storage=storage)
     assert not Checkpoint.objects.filter(state=Checkpoint.State.DELETED).exists()
     assert not JobEvent.objects.filter(kind="CheckpointsDeleted").exists()
 
@@ -215,7 +223,7 @@ def test_unreachable_storage_deletes_no_row(job, tmp_path):
 ])
 def test_bad_storage_settings_are_permanent(settings, key):
     with pytest.raises(PermanentError, match=key):
-        open_uri("s3://bucket/prefix", settings)
+        ClusterSettings.parse(settings, "kubernetes")
 
 
 def test_a_uri_of_an_unknown_scheme_is_permanent():

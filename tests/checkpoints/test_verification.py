@@ -7,10 +7,10 @@ import pytest
 import torch
 from django.utils import timezone
 
-from checkpoints import retention
 from checkpoints.export import export_final
 from checkpoints.models import Checkpoint, ModelArtifact
-from checkpoints.verification import newest_verified, register_from_storage
+from checkpoints.verification import register_from_storage
+from jobs.checkpointing import newest_verified, open_job_storage, sweep_retention
 from tests.fleet_helpers import memory_cluster, submit, team_with_quota, write_checkpoint
 
 pytestmark = pytest.mark.usefixtures("fleet_dirs")
@@ -29,7 +29,7 @@ def folder(checkpoint) -> Path:
 def test_the_newest_checkpoint_that_verifies_is_chosen_and_marked(job):
     write_checkpoint(job, 5)
     newest = write_checkpoint(job, 10)
-    assert newest_verified(job).step == 10
+    assert newest_verified(job, timezone.now()).step == 10
     newest.refresh_from_db()
     assert newest.state == Checkpoint.State.VERIFIED and newest.verified_at is not None
 
@@ -38,7 +38,7 @@ def test_a_checkpoint_without_its_commit_marker_is_skipped(job):
     write_checkpoint(job, 5)
     unfinished = write_checkpoint(job, 10)
     (folder(unfinished) / "COMMITTED").unlink()
-    assert newest_verified(job).step == 5
+    assert newest_verified(job, timezone.now()).step == 5
     unfinished.refresh_from_db()
     assert unfinished.state == Checkpoint.State.CORRUPT
     assert "COMMITTED" in unfinished.state_reason
@@ -48,26 +48,26 @@ def test_a_checkpoint_without_its_commit_marker_is_skipped(job):
 def test_a_committed_folder_never_reported_is_registered(job):
     lost = write_checkpoint(job, 15)
     Checkpoint.objects.filter(pk=lost.pk).delete()  # the report died with its rank
-    made = register_from_storage(job)
+    made = register_from_storage(job, open_job_storage(job))
     assert [c.step for c in made] == [15]
     assert made[0].state == Checkpoint.State.COMMITTED and made[0].bytes > 0
-    assert register_from_storage(job) == []
+    assert register_from_storage(job, open_job_storage(job)) == []
 
 
 def test_the_export_keeps_the_model_weights_with_their_checksum(job):
     checkpoint = write_checkpoint(job, 20, weight=torch.arange(4.0).reshape(2, 2))
-    artifact = export_final(job, checkpoint, timezone.now())
+    artifact = export_final(job, checkpoint, open_job_storage(job), timezone.now())
     assert torch.equal(torch.load(artifact.uri, weights_only=False)["w"],
                        torch.arange(4.0).reshape(2, 2))
     assert Path(artifact.uri).with_name("config.json").exists()
     assert artifact.config == {"model": "nano"}
-    assert export_final(job, checkpoint, timezone.now()) == artifact
+    assert export_final(job, checkpoint, open_job_storage(job), timezone.now()) == artifact
     assert ModelArtifact.objects.count() == 1
 
 
 def test_the_retention_sweep_keeps_the_newest_and_deletes_the_rest(job):
     rows = [write_checkpoint(job, step) for step in (5, 10, 15, 20)]
-    assert retention.sweep(timezone.now()) == 2
+    assert sweep_retention(timezone.now()) == 2
     states = {c.step: c.state for c in Checkpoint.objects.filter(job=job)}
     assert states == {5: "deleted", 10: "deleted", 15: "committed", 20: "committed"}
     assert not folder(rows[0]).exists() and folder(rows[3]).exists()

@@ -5,6 +5,7 @@ from django.utils import timezone
 
 from clusters.models import Cluster, Node, NodeEvent, NodeHealthEvent
 from clusters.providers import registry
+from clusters.providers.local import LocalProvider
 
 
 @pytest.fixture
@@ -124,9 +125,11 @@ class RecordingProvider:
     provider would signal real processes)."""
 
     calls = []
+    Settings = LocalProvider.Settings
+    PoolSettings = LocalProvider.PoolSettings
 
     @classmethod
-    def for_cluster(cls, cluster):
+    def for_cluster(cls, name, settings):
         return cls()
 
     def inject_fault(self, pool, node, kind):

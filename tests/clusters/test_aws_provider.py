@@ -6,7 +6,6 @@ the Kubernetes API server where the two meet.
 """
 
 import json
-import time
 import uuid
 
 import pytest
@@ -25,6 +24,7 @@ from tests.support.aws_standin import (  # noqa: F401  (fixtures)
     moto_url,
     unique,
 )
+from tests.support.waiting import eventually
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def asg_pool(group, **settings):
 
 @pytest.fixture
 def provider(aws):  # noqa: F811
-    return AwsProvider.for_settings({"region": REGION, "endpoint_url": aws})
+    return AwsProvider.for_settings(KubeSettings.parse({"region": REGION, "endpoint_url": aws}))
 
 
 def desired(url, group):
@@ -90,7 +90,7 @@ def test_it_waits_for_the_new_instance_only_as_long_as_allowed(aws, group):  # n
     ids = make_group(aws, group)
     ticks = iter(range(0, 100))
     slept = []
-    provider = AwsProvider.for_settings({"region": REGION, "endpoint_url": aws})
+    provider = AwsProvider.for_settings(KubeSettings.parse({"region": REGION, "endpoint_url": aws}))
     provider._clock, provider._sleep = (lambda: next(ticks)), slept.append
     provider._live_ids = lambda group: set(ids) - {ids[0]} if slept else set(ids)
     assert provider.replace(asg_pool(group, replace_timeout_s=3), f"aws:///x/{ids[0]}") is None
@@ -125,7 +125,7 @@ def test_an_unknown_group_or_missing_settings_are_permanent(aws, provider, group
     with pytest.raises(PermanentError, match="asg_name"):
         provider.replace(make_pool(), "aws:///us-east-1a/i-0123")
     with pytest.raises(PermanentError, match="region"):
-        AwsProvider.for_settings({})
+        AwsProvider.for_settings(KubeSettings.parse({}))
 
 
 def queue(url):
@@ -181,7 +181,7 @@ def test_another_clusters_notice_is_left_for_it_and_received_once_a_sweep(aws, g
     for _ in range(12):  # more than one batch, so the sweep receives again
         sqs.send_message(QueueUrl=url, MessageBody=spot_event(theirs[0]))
     sqs.send_message(QueueUrl=url, MessageBody=spot_event(ours[0]))
-    provider = AwsProvider.for_settings({"region": REGION, "endpoint_url": aws})
+    provider = AwsProvider.for_settings(KubeSettings.parse({"region": REGION, "endpoint_url": aws}))
     received = []
     real = provider.sqs.receive_message
 
@@ -199,8 +199,9 @@ def test_another_clusters_notice_is_left_for_it_and_received_once_a_sweep(aws, g
     assert len(received) == 13 and len(set(received)) == 13
     assert counts(sqs, url) == (0, 12)
 
-    time.sleep(2.5)
-    owner = AwsProvider.for_settings({"region": REGION, "endpoint_url": aws})
+    # Once their visibility timeout ends, the 12 are the owner's to receive.
+    eventually(lambda: counts(sqs, url) == (12, 0), what="the notices visible again")
+    owner = AwsProvider.for_settings(KubeSettings.parse({"region": REGION, "endpoint_url": aws}))
     signals = owner.spot_signals(asg_pool(their_group, spot_queue_url=url))
     assert len(signals) == 12
     assert {s.evidence["provider_id"].rsplit("/", 1)[-1] for s in signals} == {theirs[0]}
@@ -216,7 +217,8 @@ def test_a_pool_without_a_queue_has_no_spot_signals(aws, provider, group):  # no
 def kube_with_aws(standin, url):
     return KubernetesProvider(
         standin.api_client(), KubeSettings(),
-        aws_factory=lambda: AwsProvider.for_settings({"region": REGION, "endpoint_url": url}))
+        aws_factory=lambda: AwsProvider.for_settings(
+            KubeSettings.parse({"region": REGION, "endpoint_url": url})))
 
 
 def private_dns(url, instance):

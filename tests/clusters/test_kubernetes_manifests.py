@@ -18,6 +18,7 @@ from kubeflow.training import models as kf
 from clusters.providers.base import LaunchRequest, Placement, PoolInfo
 from clusters.providers.kubernetes import manifests as mf
 from clusters.providers.kubernetes.config import KubeSettings
+from clusters.settings import parse_pool
 from controlplane.lib.errors import PermanentError
 
 TOKEN = "rgw_7_secret-token-value"
@@ -29,6 +30,7 @@ def make_pool(**kw):
                 tolerations=[{"key": "dedicated", "operator": "Equal", "value": "training",
                               "effect": "NoSchedule"}])
     base.update(kw)
+    base["settings"] = parse_pool(base.get("settings"), "kubernetes")
     return PoolInfo(**base)
 
 

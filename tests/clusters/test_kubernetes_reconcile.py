@@ -18,7 +18,7 @@ from clusters.models import Cluster, Node, NodeEvent, NodeHealthEvent, NodePool
 from clusters.reconcile import reconcile_cluster
 from jobs.models import JobAttempt, Phase, hash_token
 from jobs.reconcile import reconcile_job
-from tests.fleet_helpers import later, submit, team_with_quota, write_checkpoint
+from tests.fleet_helpers import later, launch, submit, team_with_quota, write_checkpoint
 from tests.support import k8s_standin as st
 
 NS = "regatta-training"
@@ -85,12 +85,15 @@ def test_it_turns_the_clusters_nodes_and_their_health_into_rows(db, standin):
     assert events["n-dcgm"].evidence["value"] == "ecc-dbe"
     assert all(e.handled_at == now for e in events.values())
 
-    # Nothing runs on them: each is cordoned in the database and at the API server.
+    # Nothing runs on them: each is cordoned with its evidence and replaced (a
+    # Karpenter pool: the Node is deleted and Karpenter brings a new one).
     for name in ("n-xid", "n-plugin", "n-dcgm", "n-down"):
         rows[name].refresh_from_db()
-        assert rows[name].state == Node.State.CORDONED, name
+        assert rows[name].state == Node.State.REPLACED, name
         assert NodeEvent.objects.filter(node=rows[name], to_state="cordoned").count() == 1
-        assert standin.get(st.NODES, name)["spec"]["unschedulable"] is True
+        patches = standin.calls("PATCH", f"{st.NODES}/{name}")
+        assert any(p.body == {"spec": {"unschedulable": True}} for p in patches), name
+        assert standin.get(st.NODES, name) is None  # deleted for Karpenter to replace
     assert standin.get(st.NODES, "n-ok")["spec"].get("unschedulable") is None
 
     reconcile_cluster(cluster.id, later(now, 30))  # the same conditions, seen again
@@ -110,7 +113,9 @@ def test_a_nodes_new_dcgm_failure_on_a_later_sweep_is_a_new_event(db, standin):
     (event,) = NodeHealthEvent.objects.filter(node__name="n1")
     assert (event.kind, event.severity) == ("dcgm", "critical")
     assert event.evidence["key"] == "n1/AcceleratedHardwareReady/2026-01-03T00:00:00Z"
-    assert Node.objects.get(name="n1").state == Node.State.CORDONED
+    n1 = Node.objects.get(name="n1")
+    assert n1.state == Node.State.REPLACED  # idle: cordoned with the evidence and replaced
+    assert n1.events.filter(to_state="cordoned").exists()
 
 
 def launched_job(standin, fsx, nodes=("n1", "n2", "n3")):
@@ -126,7 +131,7 @@ def launched_job(standin, fsx, nodes=("n1", "n2", "n3")):
     job = submit(cluster, team, nodes=2, gpus=8, image="registry.example/trainer:2.1",
                  storage_uri=str(fsx / "train"),
                  hyperparameters={"model": "nano", "max_steps": 50})
-    reconcile_job(job.id, later(now, 1))
+    launch(job, later(now, 1))
     job.refresh_from_db()
     return job, later(now, 1)
 
@@ -243,7 +248,9 @@ def test_a_rank_that_dies_with_its_node_is_relaunched_elsewhere(db, standin, fsx
     assert standin.get(JOBS, f"job-{job.id}-a2") is not None
     assert attempt.failure_class == "hardware" and job.phase == Phase.STARTING
     assert {"NodeFailed", "NodeCordoned"} <= set(job.events.values_list("kind", flat=True))
-    # The lost node is cordoned, then replaced the Karpenter pool's way.
+    # The lost node is cordoned, then replaced the Karpenter pool's way, by
+    # the cluster's reconcile (the job's pass only claimed the replacement).
+    reconcile_cluster(job.cluster_id, later(now, 6))
     bad = Node.objects.get(name=placed[1])
     assert bad.state == Node.State.REPLACED
     assert [(c.method, c.body) for c in standin.requests

@@ -255,9 +255,9 @@ def test_torchrun_waits_longer_than_any_stop_grace_before_killing_its_ranks():
     """torchrun's own 30 s default would SIGKILL a rank that is still writing
     its emergency checkpoint while stop() is prepared to wait longer."""
     from clusters.providers.local.attempts import torchrun_argv
-    from jobs.reconcile.common import DEFAULTS
+    from clusters.settings import ClusterSettings
 
     argv = torchrun_argv("python", 2, 0, 1, 29500, ())
     timeout = int(next(a for a in argv if a.startswith("--shutdown-timeout=")).split("=")[1])
-    assert timeout > DEFAULTS["stop_grace_s"]
+    assert timeout > ClusterSettings().stop_grace_s
     assert timeout > 30

@@ -5,7 +5,7 @@ import pytest
 from django.utils import timezone
 
 from clusters.models import Cluster, Node, NodeHealthEvent, NodePool
-from clusters.providers import PreflightResult, memory, pool_info
+from clusters.providers import PreflightResult, pool_info
 from clusters.reconcile import reconcile_cluster
 from clusters.reconcile.replacement import replace_node
 from clusters.reconcile.spares import _settle
@@ -13,12 +13,14 @@ from jobs.models import JobAttempt
 from jobs.reconcile import reconcile_job
 from tests.fleet_helpers import (
     later,
+    launch,
     memory_cluster,
     nodes_of,
     provider_of,
     submit,
     team_with_quota,
 )
+from tests.support import memory_provider as memory
 
 pytestmark = pytest.mark.usefixtures("fleet_dirs")
 
@@ -29,7 +31,7 @@ def preflight_calls(cluster) -> list[tuple]:
 
 def cluster_with_bad_spare(name="mem-bad", size=2):
     """A pool whose one spare fails any check, before the first pass sees it."""
-    cluster = Cluster.objects.create(name=name, provider=Cluster.Provider.MEMORY)
+    cluster = Cluster.objects.create(name=name, provider=memory.KIND)
     pool = NodePool.objects.create(cluster=cluster, name="gpu", gpus_per_node=2, size=size,
                                    spare_count=1)
     provider = memory.MemoryProvider(cluster.name)
@@ -124,7 +126,7 @@ def test_a_spare_a_job_took_while_it_was_checked_fails_the_job_not_a_cordon(db):
     cluster = memory_cluster(name="mem-race", size=2, spares=1)
     job = submit(cluster, team_with_quota(cluster))
     now = timezone.now()
-    reconcile_job(job.id, now)
+    launch(job, now)
     node = nodes_of(job.attempts.get())[0]
     result = PreflightResult(ok=False, failed_nodes=(node.name,),
                              evidence={"per_node": {node.name: {"ok": False, "check": "x",

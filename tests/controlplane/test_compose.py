@@ -28,3 +28,10 @@ def test_it_starts_web_worker_and_beat_only_after_migrate_succeeded(services, na
         "redis": {"condition": "service_healthy"},
         "migrate": {"condition": "service_completed_successfully"},
     }
+
+
+def test_every_long_running_service_restarts_when_it_exits(services):
+    long_running = {name for name in services if name != "migrate"}
+    assert long_running == {"postgres", "redis", "web", "worker", "beat"}
+    for name in long_running:
+        assert services[name].get("restart") in ("always", "unless-stopped"), name

@@ -29,6 +29,10 @@ def test_make_test_uses_its_own_state_folder_by_default(tmp_path):
     assert state_dir_seen_by("test", tmp_path) == f"state={tmp_path}/.regatta/test"
 
 
+def test_make_test_fast_uses_the_same_state_folder(tmp_path):
+    assert state_dir_seen_by("test-fast", tmp_path) == f"state={tmp_path}/.regatta/test"
+
+
 def test_make_test_keeps_a_state_folder_given_in_the_environment(tmp_path):
     # .ci/run sets its own.
     seen = state_dir_seen_by("test", tmp_path, REGATTA_STATE_DIR="/srv/ci-state")

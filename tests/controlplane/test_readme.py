@@ -29,7 +29,7 @@ def table() -> dict[str, str]:
 
 
 def test_every_variable_settings_reads_is_in_the_table():
-    assert len(env_calls()) >= 20
+    assert len(env_calls()) >= 19
     assert set(env_calls()) - set(table()) == set()
 
 

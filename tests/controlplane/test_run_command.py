@@ -119,3 +119,39 @@ def _ppid(proc_dir: Path) -> int | None:
         return int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
         return None
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_sigint_to_the_one_pid_of_the_readme_run_command_stops_everything(tmp_path):
+    """`./run` (the README's command) is one process: a supervisor's SIGINT to
+    its PID stops web, worker, beat and broker. `make run` would not pass it on."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(REGATTA_STATE_DIR=str(tmp_path), PYTHONUNBUFFERED="1", DEMO_ARGS="--no-job")
+    port = _free_port()
+    up = subprocess.Popen([str(ROOT / "run"), "--bind", f"127.0.0.1:{port}"], cwd=tmp_path,
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        status = None
+        while time.monotonic() < deadline and up.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/login/", timeout=2) as r:
+                    status = r.status
+                    break
+            except OSError:
+                time.sleep(0.5)
+        assert status == 200, "the web process never answered"
+        children = [int(p.name) for p in Path("/proc").iterdir()
+                    if p.name.isdigit() and _ppid(p) == up.pid]
+        assert len(children) >= 4, "redis, web, worker and beat should be children of the PID"
+        os.kill(up.pid, signal.SIGINT)  # the one PID, not its group
+        output, _ = up.communicate(timeout=60)
+        assert up.returncode == 0, output
+        assert "stopped." in output
+        time.sleep(0.5)
+        assert _sessions_alive(set(children)) == []
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)

@@ -197,3 +197,18 @@ def test_the_provider_calls_only_what_the_role_grants():
         verb = verbs.get(call.method) or (
             "watch" if call.query.get("watch") else "list" if resource == parts[-1] else "get")
         assert (resource, verb) in granted, (call.method, call.path)
+
+
+def test_every_long_running_process_is_restarted_when_it_exits():
+    # A Deployment's pods restart on exit (Always is the only policy it
+    # allows); a bare Pod, a ReplicaSet or a Job running a server would not.
+    found = objects()
+    for (kind, name), obj in found.items():
+        spec = obj.get("spec", {}).get("template", {}).get("spec")
+        if spec is None:
+            continue
+        if kind == "Job":
+            assert name == "regatta-migrate" and spec["restartPolicy"] == "OnFailure"
+            continue
+        assert kind == "Deployment", (kind, name)
+        assert spec.get("restartPolicy", "Always") == "Always", name

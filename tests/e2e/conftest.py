@@ -25,7 +25,8 @@ TRAINER = {
 
 
 class Sweeper:
-    """Beat's two sweeps, sent every `interval` seconds through the broker."""
+    """Beat's sweeps of jobs, clusters and admission, sent every `interval`
+    seconds through the broker."""
 
     def __init__(self, interval: float = 0.5):
         self.interval = interval
@@ -34,11 +35,12 @@ class Sweeper:
 
     def run(self):
         from clusters.tasks import sweep_clusters
-        from jobs.tasks import sweep_jobs
+        from jobs.tasks import sweep_admission, sweep_jobs
 
         while not self.stopped.wait(self.interval):
             sweep_jobs.delay()
             sweep_clusters.delay()
+            sweep_admission.delay()
 
     def __enter__(self):
         self.thread.start()
@@ -60,7 +62,7 @@ class Fleet:
             settings={"fleet_dir": str(self.root / "fleet"), "preflight": False,
                       "observe_interval_s": 0.5, "queue_interval_s": 1.0,
                       "reconcile_interval_s": 1.0, "heartbeat_deadline_s": 30.0,
-                      "startup_deadline_s": 120.0, "stop_grace_s": 5.0, **settings},
+                      "first_heartbeat_deadline_s": 120.0, "stop_grace_s": 5.0, **settings},
         )
         NodePool.objects.create(cluster=cluster, name="cpu", gpus_per_node=1, size=size,
                                 spare_count=spares)

@@ -1,10 +1,11 @@
 """A Celery worker SIGKILLed in the middle of a reconcile loses nothing: the
 next sweep, on another worker, finishes the work once the lock's TTL ends.
 
-The pause comes from the REGATTA_TEST_PAUSE hook (jobs/reconcile/common.py):
-the first pass that reaches the named point sleeps, and the test kills the
-worker there: at "launch" (the attempt row written, nothing launched) or at
-"launched" (the ranks running, the row not saying so yet).
+The pause comes from a worker that listens to the reconcile's launch points
+(jobs/signals.py, tests/support/paused_worker.py): the first pass that
+reaches the named point stops there, and the test kills the worker: at
+"launch" (the attempt row written, nothing launched) or at "launched" (the
+ranks running, the row not saying so yet).
 """
 
 import json
@@ -23,13 +24,22 @@ from .conftest import Sweeper, subprocess_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
+REPO = Path(__file__).resolve().parents[2]
 
-def start_worker(env, log):
-    return subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "--pool=solo",
-         "--concurrency=1", "--without-mingle", "--without-gossip", "--loglevel=WARNING"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
+
+WORKER_ARGS = ["--pool=solo", "--concurrency=1", "--without-mingle", "--without-gossip",
+               "--loglevel=WARNING"]
+
+
+def start_worker(env, log, pause_at=None):
+    """A real worker; with `pause_at` = (point, marker), one that stops there."""
+    if pause_at is None:
+        argv = [sys.executable, "-m", "celery", "-A", "controlplane", "worker", *WORKER_ARGS]
+    else:
+        argv = [sys.executable, "-m", "tests.support.paused_worker", *map(str, pause_at),
+                *WORKER_ARGS]
+    return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True, cwd=REPO)
 
 
 def kill(proc):
@@ -42,11 +52,10 @@ def kill(proc):
 def test_a_worker_killed_mid_reconcile_loses_nothing_and_the_next_sweep_finishes(
         fleet_env, tmp_path):
     marker = tmp_path / "paused"
-    env = subprocess_env(fleet_env, REGATTA_TEST_PAUSE=f"launch:120:{marker}",
-                         REGATTA_LOCK_TTL_S=3)
+    env = subprocess_env(fleet_env, REGATTA_LOCK_TTL_S=3)
     cluster = fleet_env.cluster()
     log = open(tmp_path / "workers.log", "ab")
-    first = start_worker(env, log)
+    first = start_worker(env, log, pause_at=("launch", marker))
     second = None
     try:
         with Sweeper():
@@ -87,11 +96,10 @@ def test_a_worker_killed_mid_reconcile_loses_nothing_and_the_next_sweep_finishes
 def test_ranks_launched_by_a_worker_killed_before_recording_them_are_adopted(
         fleet_env, tmp_path, settings):
     marker = tmp_path / "paused"
-    env = subprocess_env(fleet_env, REGATTA_TEST_PAUSE=f"launched:120:{marker}",
-                         REGATTA_LOCK_TTL_S=3)
+    env = subprocess_env(fleet_env, REGATTA_LOCK_TTL_S=3)
     cluster = fleet_env.cluster()
     log = open(tmp_path / "workers.log", "ab")
-    first = start_worker(env, log)
+    first = start_worker(env, log, pause_at=("launched", marker))
     second = None
     try:
         with Sweeper():

@@ -65,7 +65,7 @@ def checkpoint(job, attempt, step, state=Checkpoint.State.VERIFIED, **kw) -> Che
 
 def goodput(job, attempt, category, gpu_hours, key):
     return GoodputEntry.objects.create(
-        job=job, attempt=attempt, category=category, seconds=gpu_hours * 3600 / job.gpus,
+        job=job, attempt=attempt, category=category, seconds=gpu_hours * 3600 / job.world_size,
         gpu_seconds=gpu_hours * 3600, key=key,
     )
 

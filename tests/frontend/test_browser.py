@@ -205,3 +205,30 @@ def test_a_wrong_password_is_refused_on_the_login_page(chromium, live_server, ow
         shot(page, "login-error")
     finally:
         ctx.close()
+
+
+def test_restart_labels_never_overlap_and_throughput_breaks_at_restarts(
+        open_page, live_server, owner, team, cluster):
+    job = rich_job(team, cluster, points=1000)
+    nodes = list(cluster.nodes.filter(is_spare=False).order_by("name"))[:2]
+    # Restarts crowded together, as a flapping node makes them.
+    for number, step in enumerate([505, 510, 515, 520, 525, 700, 705], start=3):
+        JobAttempt.objects.filter(job=job).exclude(state__in=JobAttempt.ENDED).update(
+            state=JobAttempt.State.FAILED)
+        JobAttempt.objects.create(job=job, number=number, state="running", resume_step=step)
+    assert nodes
+    page = open_page(owner)
+    page.set_viewport_size({"width": 900, "height": 900})
+    page.goto(f"{live_server.url}/jobs/{job.pk}/")
+    page.wait_for_selector("#chart-loss .annotation")
+    boxes = page.evaluate("""() => [...document.querySelectorAll('#chart-loss .annotation')]
+        .map((a) => a.getBoundingClientRect())
+        .map((r) => [r.left, r.top, r.right, r.bottom])""")
+    assert len(boxes) >= 2
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            overlap = a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+            assert not overlap, (a, b)
+    ys = page.evaluate("document.getElementById('chart-throughput').data[0].y")
+    assert None in ys
+    shot(page, "job-crowded-restarts")

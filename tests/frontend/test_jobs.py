@@ -235,3 +235,27 @@ def test_a_relaunch_that_skipped_its_preflight_shows_the_newest_check_that_ran(
         "ok": True, "skipped": True, "passed_s_ago": {"cpu-a-0": 12.0, "cpu-a-1": 40.0}})
     html = web(owner).get(f"/jobs/{job.pk}/").content.decode()
     assert 'id="preflight-bw">1.73 GB/s' in html and "attempt 1" in html
+
+
+def test_the_last_error_is_red_only_while_the_job_is_failed_or_restarting(
+        web, owner, team, cluster):
+    job = make_job(team, cluster, name="flaky")
+    error = "hardware: node cpu-a-1 lost (xid 79)"
+    for phase, red in (("restarting", True), ("failed", True), ("running", False),
+                       ("succeeded", False)):
+        TrainingJob.objects.filter(pk=job.pk).update(phase=phase, last_error=error)
+        page = web(owner).get(f"/jobs/{job.pk}/").content.decode()
+        banner = page.split('id="last-error"', 1)[0].rsplit("<p", 1)[1] + page.split(
+            'id="last-error"', 1)[1].split("</p>", 1)[0]
+        assert error in banner
+        assert ("bad" in banner) is red, (phase, banner)
+        assert ("Last error" in banner) is red
+
+
+def test_the_throughput_line_breaks_where_an_attempt_resumed(web, owner, team, cluster):
+    job = rich_job(team, cluster, points=400)  # attempt 2 resumed from step 200
+    throughput = web(owner).get(f"/jobs/{job.pk}/live/").json()["charts"]["throughput"]
+    gap = throughput["x"].index(200.5)
+    assert throughput["y"][gap] is None
+    assert throughput["x"][gap - 1] <= 200 < 201 <= throughput["x"][gap + 1]
+    assert throughput["y"].count(None) == 1

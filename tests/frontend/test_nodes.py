@@ -99,3 +99,26 @@ def test_the_node_live_endpoint_follows_new_health_events(web, operator, cluster
     xid(node)
     assert "fallen off the bus" in client.get(f"/nodes/{node.pk}/live/").json()[
         "fragments"]["node-health"]
+
+
+def test_a_node_running_a_job_shows_when_its_ranks_last_beat(web, operator, team, cluster):
+    from tests.api_factories import worker_client
+
+    node = Node.objects.get(name="cpu-a-0")
+    attempt = run(make_job(team, cluster), [node])
+    before = web(operator).get(f"/nodes/{node.pk}/").content.decode()
+    assert 'Last heartbeat</span>—' in before
+    resp = worker_client(attempt.issue_token()).post(
+        f"/api/v1/worker/attempts/{attempt.pk}/heartbeat",
+        {"rank": 0, "node": "cpu-a-0", "step": 3}, format="json")
+    assert resp.status_code == 200, resp.content
+    after = web(operator).get(f"/nodes/{node.pk}/").content.decode()
+    assert 'Last heartbeat</span>—' not in after
+    assert "ago" in after.split("Last heartbeat</span>", 1)[1].split("</div>", 1)[0]
+
+
+def test_a_nul_in_a_cordon_reason_is_dropped_not_a_server_error(web, operator, cluster):
+    node = cluster.nodes.get(name="cpu-a-0")
+    resp = web(operator).post(f"/nodes/{node.pk}/cordon/", {"reason": "fan\x00 noise"})
+    assert resp.status_code == 302
+    assert node.events.get().reason == "cordoned by opal: fan noise"

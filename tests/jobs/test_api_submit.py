@@ -37,7 +37,8 @@ def test_it_submits_a_job_pending_with_an_event_and_a_reconcile(
     assert resp.data["id"] == job.pk
     assert (job.phase, job.team, job.pool, job.created_by) == ("pending", team, pool, owner)
     assert (job.num_nodes, job.gpus_per_node, job.world_size, job.strategy) == (2, 2, 4, "fsdp")
-    assert job.storage_uri == str(settings.CHECKPOINT_ROOT / f"job-{job.pk}")
+    # In the team's own folder under the default storage root.
+    assert job.storage_uri == str(settings.CHECKPOINT_ROOT / "vision" / f"job-{job.pk}")
     assert resp.data["storage_uri"] == job.storage_uri
     assert resp.data["url"].endswith(f"/api/v1/jobs/{job.pk}/")
     assert resp.data["team"] == "vision" and resp.data["cluster"] == "cpu-a"
@@ -75,10 +76,12 @@ def test_a_member_of_several_teams_must_name_one(api, owner, other_team, cluster
     assert resp.status_code == 201
 
 
-def test_it_keeps_the_given_storage_uri_and_defaults(api, owner, cluster):
-    resp = api(owner).post(URL, spec(storage_uri="s3://bucket-a/runs/gpt"), format="json")
+def test_it_keeps_the_given_storage_uri_and_defaults(api, owner, cluster, settings):
+    settings.STORAGE_ROOTS = ["s3://bucket-a/runs"]
+    resp = api(owner).post(URL, spec(storage_uri="s3://bucket-a/runs/vision/gpt"),
+                           format="json")
     job = TrainingJob.objects.get(pk=resp.data["id"])
-    assert job.storage_uri == "s3://bucket-a/runs/gpt"
+    assert job.storage_uri == "s3://bucket-a/runs/vision/gpt"
     assert job.restart_budgets == {"code": 0, "transient": 3, "hardware": 5, "preempted": 10,
                                    "hang": 3}
 

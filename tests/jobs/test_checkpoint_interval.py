@@ -11,6 +11,7 @@ from jobs.reconcile import reconcile_job
 from tests.fleet_helpers import (
     heartbeat,
     later,
+    launch,
     memory_cluster,
     submit,
     team_with_quota,
@@ -41,7 +42,7 @@ def test_the_job_gets_an_interval_in_steps_from_its_measurements(db):
     team = team_with_quota(cluster)
     job = submit(cluster, team, checkpoint_policy="auto")
     now = timezone.now()
-    reconcile_job(job.id, now)
+    launch(job, now)
     attempt = job.attempts.get()
     Node.objects.filter(cluster=cluster).update(ready_seconds=36000.0, failure_count=2)
     write_checkpoint(job, 10, attempt, blocking_s=2.0)

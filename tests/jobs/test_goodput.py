@@ -11,6 +11,7 @@ from tests.conftest import client_for
 from tests.fleet_helpers import (
     heartbeat,
     later,
+    launch,
     memory_cluster,
     nodes_of,
     provider_of,
@@ -35,7 +36,7 @@ def test_restart_latency_runs_from_the_failure_to_the_next_first_step(db):
     cluster = memory_cluster()
     job = submit(cluster, team_with_quota(cluster))
     now = timezone.now()
-    reconcile_job(job.id, now)
+    launch(job, now)
     first = job.attempts.get()
     heartbeat(first, 3, later(now, 1))
     reconcile_job(job.id, later(now, 1))
@@ -61,14 +62,14 @@ def test_the_first_attempt_s_start_up_is_booked_as_restart_latency(db):
     cluster = memory_cluster()
     job = submit(cluster, team_with_quota(cluster))
     now = timezone.now()
-    reconcile_job(job.id, now)  # admitted and launched at `now`
+    launch(job, now)  # admitted and launched at `now`
     attempt = job.attempts.get()
     heartbeat(attempt, 1, later(now, 4))
     reconcile_job(job.id, later(now, 4))
     startup = GoodputEntry.objects.get(job=job, category="restart")
     assert startup.key == f"startup-{attempt.id}"
     assert startup.seconds == pytest.approx(4.0)
-    assert startup.gpu_seconds == pytest.approx(4.0 * job.gpus)
+    assert startup.gpu_seconds == pytest.approx(4.0 * job.world_size)
     assert "start-up" in startup.detail
     reconcile_job(job.id, later(now, 8))
     summary = goodput.summarize(job.goodput.all())
@@ -84,7 +85,7 @@ def test_a_running_job_shows_its_time_so_far_in_the_api_and_books_it_once(db,
     team.members.add(user)
     job = submit(cluster, team)
     now = timezone.now()
-    reconcile_job(job.id, now)
+    launch(job, now)
     attempt = job.attempts.get()
     heartbeat(attempt, 1, later(now, 1))
     reconcile_job(job.id, later(now, 1))
@@ -95,7 +96,7 @@ def test_a_running_job_shows_its_time_so_far_in_the_api_and_books_it_once(db,
     data = client_for(user).get(f"/api/v1/jobs/{job.pk}/goodput/").data
     # 10 s since the first step, less the 0.5 s checkpoint stall.
     assert data["categories"]["productive"]["seconds"] == pytest.approx(9.5)
-    assert data["categories"]["productive"]["gpu_seconds"] == pytest.approx(9.5 * job.gpus)
+    assert data["categories"]["productive"]["gpu_seconds"] == pytest.approx(9.5 * job.world_size)
     assert data["categories"]["checkpoint"]["seconds"] == pytest.approx(0.5)
     assert data["categories"]["restart"]["seconds"] == pytest.approx(1.0)
     team_data = client_for(user).get(f"/api/v1/teams/{team.name}/goodput/").data
@@ -119,7 +120,7 @@ def test_a_pass_that_comes_after_the_attempt_ended_leaves_its_final_figures(db):
     cluster = memory_cluster()
     job = submit(cluster, team_with_quota(cluster))
     now = timezone.now()
-    reconcile_job(job.id, now)
+    launch(job, now)
     attempt = job.attempts.get()
     heartbeat(attempt, 2, later(now, 1))
     reconcile_job(job.id, later(now, 1))

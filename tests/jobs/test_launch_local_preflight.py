@@ -10,37 +10,36 @@ from clusters.models import Cluster, Node, NodeHealthEvent, NodePool
 from clusters.providers import get_provider, pool_info
 from clusters.reconcile import reconcile_cluster
 from jobs.models import JobAttempt, Phase
-from jobs.reconcile import reconcile_job
 from tests.clusters.local_fleet import RANKS_SCRIPT, kill_everything
-from tests.fleet_helpers import kinds, submit, team_with_quota
+from tests.fleet_helpers import kinds, launch, submit, team_with_quota
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240), pytest.mark.usefixtures("fleet_dirs")]
 
 
 @pytest.fixture
-def cluster(db, tmp_path):
-    cluster = Cluster.objects.create(
+def lab_cluster(db, tmp_path):
+    lab_cluster = Cluster.objects.create(
         name="lab", provider=Cluster.Provider.LOCAL,
         settings={"fleet_dir": str(tmp_path / "fleet"), "preflight": True,
                   "preflight_timeout_s": 90.0},
     )
-    NodePool.objects.create(cluster=cluster, name="cpu", gpus_per_node=1, size=2, spare_count=1)
-    reconcile_cluster(cluster.id, timezone.now())
+    NodePool.objects.create(cluster=lab_cluster, name="cpu", gpus_per_node=1, size=2, spare_count=1)
+    reconcile_cluster(lab_cluster.id, timezone.now())
     try:
-        yield cluster
+        yield lab_cluster
     finally:
-        kill_everything(get_provider(cluster).root)
+        kill_everything(get_provider(lab_cluster).root)
 
 
-def start(cluster):
-    job = submit(cluster, team_with_quota(cluster), gpus=1, entrypoint=[RANKS_SCRIPT])
-    reconcile_job(job.id, timezone.now())
+def start(lab_cluster):
+    job = submit(lab_cluster, team_with_quota(lab_cluster), gpus=1, entrypoint=[RANKS_SCRIPT])
+    launch(job, timezone.now())
     job.refresh_from_db()
     return job
 
 
-def test_a_local_gang_that_passes_preflight_records_its_bandwidth(cluster):
-    job = start(cluster)
+def test_a_local_gang_that_passes_preflight_records_its_bandwidth(lab_cluster):
+    job = start(lab_cluster)
 
     assert job.phase == Phase.STARTING, job.last_error
     attempt = job.attempts.get()
@@ -54,11 +53,11 @@ def test_a_local_gang_that_passes_preflight_records_its_bandwidth(cluster):
     assert attempt.preflight["allreduce_gbps"] == gbps
 
 
-def test_a_local_node_that_fails_preflight_is_cordoned_with_the_failing_check(cluster):
-    first = Node.objects.filter(cluster=cluster, is_spare=False).order_by("name").first()
-    get_provider(cluster).inject_fault(pool_info(first.pool), first.name, "preflight_fail")
+def test_a_local_node_that_fails_preflight_is_cordoned_with_the_failing_check(lab_cluster):
+    first = Node.objects.filter(cluster=lab_cluster, is_spare=False).order_by("name").first()
+    get_provider(lab_cluster).inject_fault(pool_info(first.pool), first.name, "preflight_fail")
 
-    job = start(cluster)
+    job = start(lab_cluster)
 
     first.refresh_from_db()
     assert first.state == Node.State.CORDONED

@@ -14,6 +14,7 @@ from tests.fleet_helpers import (
     heartbeat,
     kinds,
     later,
+    launch,
     memory_cluster,
     nodes_of,
     provider_of,
@@ -31,7 +32,7 @@ def preflight_calls(cluster) -> list[tuple]:
 
 def launched(cluster, now, **kw):
     job = submit(cluster, team_with_quota(cluster), **kw)
-    reconcile_job(job.id, now)
+    launch(job, now)
     job.refresh_from_db()
     return job, job.attempts.get()
 

@@ -21,35 +21,38 @@ from tests.fleet_helpers import (
     team_with_quota,
     write_checkpoint,
 )
+from tests.fleet_helpers import (
+    launch as fleet_launch,
+)
 
 pytestmark = pytest.mark.usefixtures("fleet_dirs")
 
 
 @pytest.fixture
-def cluster(db):
+def mem_cluster(db):
     return memory_cluster()
 
 
 @pytest.fixture
-def team(cluster):
-    return team_with_quota(cluster)
+def team(mem_cluster):
+    return team_with_quota(mem_cluster)
 
 
 def launch(job, now):
-    reconcile_job(job.id, now)
+    fleet_launch(job, now)
     job.refresh_from_db()
     return job.attempts.get()
 
 
-def test_it_takes_a_job_from_pending_to_starting_with_a_launched_gang(cluster, team):
-    job = submit(cluster, team, hyperparameters={"model": "nano", "max_steps": 20, "lr": 0.01})
+def test_it_takes_a_job_from_pending_to_starting_with_a_launched_gang(mem_cluster, team):
+    job = submit(mem_cluster, team, hyperparameters={"model": "nano", "max_steps": 20, "lr": 0.01})
     now = timezone.now()
     attempt = launch(job, now)
     assert job.phase == Phase.STARTING
     assert attempt.state == JobAttempt.State.STARTING
     assert attempt.preflight["ok"] is True
     assert AttemptNode.objects.filter(attempt=attempt).count() == 2
-    request = provider_of(cluster).attempt(attempt.provider_ref).request
+    request = provider_of(mem_cluster).attempt(attempt.provider_ref).request
     env = request.env
     assert env["REGATTA_JOB_ID"] == str(job.id)
     assert env["REGATTA_ATTEMPT_ID"] == str(attempt.id)
@@ -66,10 +69,10 @@ def test_it_takes_a_job_from_pending_to_starting_with_a_launched_gang(cluster, t
     assert kinds(job) == ["Queued", "Admitted", "PreflightPassed", "Launched"]
 
 
-def test_every_pass_hands_an_attempt_the_same_worker_token(cluster, team):
-    job = submit(cluster, team)
+def test_every_pass_hands_an_attempt_the_same_worker_token(mem_cluster, team):
+    job = submit(mem_cluster, team)
     attempt = launch(job, timezone.now())
-    held = provider_of(cluster).attempt(attempt.provider_ref).request.env["REGATTA_TOKEN"]
+    held = provider_of(mem_cluster).attempt(attempt.provider_ref).request.env["REGATTA_TOKEN"]
 
     # What a pass that re-runs the launch (its predecessor died after the
     # provider started the ranks) hands the provider, which keeps those ranks.
@@ -83,8 +86,8 @@ def test_every_pass_hands_an_attempt_the_same_worker_token(cluster, team):
     assert other.issue_token() != held
 
 
-def test_it_moves_to_running_on_the_first_heartbeat_with_a_step(cluster, team):
-    job = submit(cluster, team)
+def test_it_moves_to_running_on_the_first_heartbeat_with_a_step(mem_cluster, team):
+    job = submit(mem_cluster, team)
     now = timezone.now()
     attempt = launch(job, now)
     reconcile_job(job.id, later(now, 1))
@@ -99,27 +102,27 @@ def test_it_moves_to_running_on_the_first_heartbeat_with_a_step(cluster, team):
     assert attempt.state == JobAttempt.State.RUNNING
 
 
-def test_running_it_twice_changes_nothing_more_than_once(cluster, team):
-    job = submit(cluster, team)
+def test_running_it_twice_changes_nothing_more_than_once(mem_cluster, team):
+    job = submit(mem_cluster, team)
     now = timezone.now()
-    reconcile_job(job.id, now)
+    fleet_launch(job, now)
     reconcile_job(job.id, now)
     assert job.attempts.count() == 1
-    assert len(provider_of(cluster).fleet.attempts) == 1
+    assert len(provider_of(mem_cluster).fleet.attempts) == 1
     events = JobEvent.objects.filter(job=job).count()
     reconcile_job(job.id, now)
     assert JobEvent.objects.filter(job=job).count() == events
 
 
-def test_it_finishes_a_job_exports_the_model_and_releases_the_nodes(cluster, team):
-    job = submit(cluster, team)
+def test_it_finishes_a_job_exports_the_model_and_releases_the_nodes(mem_cluster, team):
+    job = submit(mem_cluster, team)
     now = timezone.now()
     attempt = launch(job, now)
     heartbeat(attempt, 1, later(now, 1))
     reconcile_job(job.id, later(now, 1))
     write_checkpoint(job, 20, attempt, created_at=later(now, 9))
     heartbeat(attempt, 20, later(now, 9))
-    provider_of(cluster).finish(attempt.provider_ref)
+    provider_of(mem_cluster).finish(attempt.provider_ref)
     reconcile_job(job.id, later(now, 10))
     job.refresh_from_db()
     assert job.phase == Phase.SUCCEEDED
@@ -137,8 +140,8 @@ def test_it_finishes_a_job_exports_the_model_and_releases_the_nodes(cluster, tea
     assert GoodputEntry.objects.get(job=job, category="checkpoint").seconds == pytest.approx(0.05)
 
 
-def test_a_cancel_stops_the_ranks_and_releases_the_nodes(cluster, team):
-    job = submit(cluster, team)
+def test_a_cancel_stops_the_ranks_and_releases_the_nodes(mem_cluster, team):
+    job = submit(mem_cluster, team)
     now = timezone.now()
     attempt = launch(job, now)
     job.request_cancel("olivia", now=later(now, 1))
@@ -147,14 +150,14 @@ def test_a_cancel_stops_the_ranks_and_releases_the_nodes(cluster, team):
     attempt.refresh_from_db()
     assert job.phase == Phase.CANCELLED
     assert attempt.state == JobAttempt.State.STOPPED
-    assert ("stop", attempt.provider_ref["name"]) in provider_of(cluster).fleet.calls
+    assert ("stop", attempt.provider_ref["name"]) in provider_of(mem_cluster).fleet.calls
     assert kinds(job)[-2:] == ["Cancelled", "NodesReleased"]
 
 
-def test_a_node_that_fails_preflight_is_cordoned_and_the_job_starts_on_another(cluster, team):
-    free = list(Node.objects.filter(cluster=cluster, is_spare=False).order_by("name"))
-    provider_of(cluster).fail_preflight(free[0].name)
-    job = submit(cluster, team)
+def test_a_node_that_fails_preflight_is_cordoned_and_the_job_starts_on_another(mem_cluster, team):
+    free = list(Node.objects.filter(cluster=mem_cluster, is_spare=False).order_by("name"))
+    provider_of(mem_cluster).fail_preflight(free[0].name)
+    job = submit(mem_cluster, team)
     attempt = launch(job, timezone.now())
     bad = Node.objects.get(pk=free[0].pk)
     assert bad.state == Node.State.CORDONED
@@ -172,12 +175,12 @@ def test_a_node_that_fails_preflight_is_cordoned_and_the_job_starts_on_another(c
 
 
 def test_a_job_goes_back_to_the_queue_when_no_node_can_replace_a_failed_preflight(db):
-    cluster = memory_cluster(name="mem-small", size=2, spares=0)
-    team = team_with_quota(cluster)
-    for node in Node.objects.filter(cluster=cluster):
-        provider_of(cluster).fail_preflight(node.name)
-    job = submit(cluster, team)
-    reconcile_job(job.id, timezone.now())
+    mem_cluster = memory_cluster(name="mem-small", size=2, spares=0)
+    team = team_with_quota(mem_cluster)
+    for node in Node.objects.filter(cluster=mem_cluster):
+        provider_of(mem_cluster).fail_preflight(node.name)
+    job = submit(mem_cluster, team)
+    launch(job, timezone.now())
     job.refresh_from_db()
     assert job.phase == Phase.QUEUED
     assert job.pending_reason.startswith("preflight failed on")
@@ -185,9 +188,9 @@ def test_a_job_goes_back_to_the_queue_when_no_node_can_replace_a_failed_prefligh
 
 
 def test_preflight_is_skipped_when_the_cluster_turns_it_off(db):
-    cluster = memory_cluster(name="mem-nopf", preflight=False)
-    team = team_with_quota(cluster)
-    job = submit(cluster, team)
+    mem_cluster = memory_cluster(name="mem-nopf", preflight=False)
+    team = team_with_quota(mem_cluster)
+    job = submit(mem_cluster, team)
     attempt = launch(job, timezone.now())
     assert attempt.preflight == {}
-    assert not [c for c in provider_of(cluster).fleet.calls if c[0] == "preflight"]
+    assert not [c for c in provider_of(mem_cluster).fleet.calls if c[0] == "preflight"]

@@ -10,10 +10,12 @@ from clusters.models import Node, NodeHealthEvent
 from clusters.reconcile import reconcile_cluster
 from jobs.models import GoodputEntry, JobAttempt, JobEvent, Phase
 from jobs.reconcile import reconcile_job
+from tests.api_factories import worker_client
 from tests.fleet_helpers import (
     heartbeat,
     kinds,
     later,
+    launch,
     lose_node,
     memory_cluster,
     nodes_of,
@@ -27,18 +29,18 @@ pytestmark = pytest.mark.usefixtures("fleet_dirs")
 
 
 @pytest.fixture
-def cluster(db):
+def mem_cluster(db):
     return memory_cluster(heartbeat_deadline_s=10.0, spot_checkpoint_wait_s=30.0)
 
 
 @pytest.fixture
-def team(cluster):
-    return team_with_quota(cluster)
+def team(mem_cluster):
+    return team_with_quota(mem_cluster)
 
 
-def running_job(cluster, team, now, **kw):
-    job = submit(cluster, team, **kw)
-    reconcile_job(job.id, now)
+def running_job(mem_cluster, team, now, **kw):
+    job = submit(mem_cluster, team, **kw)
+    launch(job, now)
     attempt = job.attempts.get()
     heartbeat(attempt, 5, later(now, 1))
     reconcile_job(job.id, later(now, 1))
@@ -48,13 +50,13 @@ def running_job(cluster, team, now, **kw):
 
 
 def test_it_replaces_a_node_whose_ranks_were_killed_and_resumes_from_the_checkpoint(
-        cluster, team):
+        mem_cluster, team):
     now = timezone.now()
-    job, attempt = running_job(cluster, team, now)
+    job, attempt = running_job(mem_cluster, team, now)
     write_checkpoint(job, 10, attempt, created_at=later(now, 5))
     heartbeat(attempt, 14, later(now, 8))
     bad, good = nodes_of(attempt)
-    provider = provider_of(cluster)
+    provider = provider_of(mem_cluster)
     provider.exit_node(attempt.provider_ref, bad.name, exit_code=1, signal=9, log_tail="Killed")
     provider.exit_node(attempt.provider_ref, good.name, exit_code=1,
                        ranks=({"rank": 2, "exit_code": 84, "failure_class": "transient"},
@@ -75,8 +77,12 @@ def test_it_replaces_a_node_whose_ranks_were_killed_and_resumes_from_the_checkpo
     assert failed.evidence["log_tail"] == "Killed"
     replaced = JobEvent.objects.get(job=job, kind="NodeReplaced")
     assert replaced.evidence["old"] == bad.name and replaced.evidence["new"] == spare.name
-    # The provider brought a new spare up in the retired node's place.
-    assert Node.objects.filter(cluster=cluster, is_spare=True, state="ready").count() == 1
+    # The job's pass only claimed the replacement; the cluster's asks the
+    # provider, which brings a new spare up in the retired node's place.
+    assert ("replace", bad.name) not in provider.fleet.calls
+    reconcile_cluster(mem_cluster.id, later(now, 10))
+    assert ("replace", bad.name) in provider.fleet.calls
+    assert Node.objects.filter(cluster=mem_cluster, is_spare=True, state="ready").count() == 1
     assert job.phase == Phase.STARTING  # relaunched in the same pass
     second = job.attempts.get(number=2)
     assert {n.name for n in nodes_of(second)} == {good.name, spare.name}
@@ -92,20 +98,20 @@ def test_it_replaces_a_node_whose_ranks_were_killed_and_resumes_from_the_checkpo
                                "PreflightSkipped", "Launched", "ResumedFromCheckpoint"]
     rollback = GoodputEntry.objects.get(job=job, category="rollback")
     assert rollback.seconds == pytest.approx(5.0)
-    assert rollback.gpu_seconds == pytest.approx(5.0 * job.gpus)
+    assert rollback.gpu_seconds == pytest.approx(5.0 * job.world_size)
 
 
 def test_a_killed_node_shows_failure_cordon_replacement_and_resume_on_the_timeline(
-        cluster, team):
+        mem_cluster, team):
     """The README's "kill a node": the cluster pass sees the node not ready
     (ready → failed) and records its "lost" event before the job looks."""
     now = timezone.now()
-    job, attempt = running_job(cluster, team, now)
+    job, attempt = running_job(mem_cluster, team, now)
     write_checkpoint(job, 5, attempt, created_at=later(now, 3))
     heartbeat(attempt, 7, later(now, 4))
     bad, good = nodes_of(attempt)
-    lose_node(cluster, bad, attempt.provider_ref)
-    reconcile_cluster(cluster.id, later(now, 5))
+    lose_node(mem_cluster, bad, attempt.provider_ref)
+    reconcile_cluster(mem_cluster.id, later(now, 5))
     bad.refresh_from_db()
     assert bad.state == Node.State.FAILED
     lost = NodeHealthEvent.objects.get(node=bad, kind="lost")
@@ -138,29 +144,29 @@ def test_a_killed_node_shows_failure_cordon_replacement_and_resume_on_the_timeli
     assert {n.name for n in nodes_of(job.attempts.get(number=2))} == {good.name, spare.name}
 
 
-def test_a_lost_event_the_job_sees_before_its_exits_is_handled_by_the_recovery(cluster, team):
+def test_a_lost_event_the_job_sees_before_its_exits_is_handled_by_the_recovery(mem_cluster, team):
     now = timezone.now()
-    job, attempt = running_job(cluster, team, now)
+    job, attempt = running_job(mem_cluster, team, now)
     bad = nodes_of(attempt)[0]
-    lose_node(cluster, bad)  # the ranks on it are not seen dead yet
-    reconcile_cluster(cluster.id, later(now, 2))
+    lose_node(mem_cluster, bad)  # the ranks on it are not seen dead yet
+    reconcile_cluster(mem_cluster.id, later(now, 2))
     reconcile_job(job.id, later(now, 3))
     job.refresh_from_db()
     assert job.restart_counts == {"hardware": 1}
     assert NodeHealthEvent.objects.get(node=bad, kind="lost").handled_at is not None
-    assert not NodeHealthEvent.objects.filter(node__cluster=cluster, severity="critical",
+    assert not NodeHealthEvent.objects.filter(node__cluster=mem_cluster, severity="critical",
                                               handled_at__isnull=True).exists()
     order = kinds(job)
     assert order[order.index("NodeFailed"):order.index("NodeFailed") + 4] == [
         "NodeFailed", "NodeCordoned", "NodeReplaced", "Restarting"]
 
 
-def test_a_node_already_out_of_service_says_why_on_the_timeline(cluster, team):
+def test_a_node_already_out_of_service_says_why_on_the_timeline(mem_cluster, team):
     now = timezone.now()
-    job, attempt = running_job(cluster, team, now)
+    job, attempt = running_job(mem_cluster, team, now)
     bad = nodes_of(attempt)[0]
     bad.cordon("cordoned by opal: flaky fan", actor="user:opal", now=later(now, 2))
-    provider_of(cluster).exit_node(attempt.provider_ref, bad.name, signal=9)
+    provider_of(mem_cluster).exit_node(attempt.provider_ref, bad.name, signal=9)
     reconcile_job(job.id, later(now, 3))
     order = kinds(job)
     assert order[order.index("NodeFailed"):order.index("NodeFailed") + 4] == [
@@ -172,11 +178,11 @@ def test_a_node_already_out_of_service_says_why_on_the_timeline(cluster, team):
     assert bad.state == Node.State.REPLACED
 
 
-def test_a_code_error_fails_fast_without_spending_the_hardware_budget(cluster, team):
+def test_a_code_error_fails_fast_without_spending_the_hardware_budget(mem_cluster, team):
     now = timezone.now()
-    job, attempt = running_job(cluster, team, now)
+    job, attempt = running_job(mem_cluster, team, now)
     node = nodes_of(attempt)[0]
-    provider_of(cluster).exit_node(
+    provider_of(mem_cluster).exit_node(
         attempt.provider_ref, node.name, exit_code=1,
         ranks=({"rank": 0, "exit_code": 1, "failure_class": "code",
                 "error": "ValueError: fail_at_step=3"},))
@@ -190,11 +196,11 @@ def test_a_code_error_fails_fast_without_spending_the_hardware_budget(cluster, t
     assert job.attempts.count() == 1
 
 
-def test_a_transient_failure_retries_with_backoff_on_the_same_nodes(cluster, team):
+def test_a_transient_failure_retries_with_backoff_on_the_same_nodes(mem_cluster, team):
     now = timezone.now()
-    job, attempt = running_job(cluster, team, now)
+    job, attempt = running_job(mem_cluster, team, now)
     first_nodes = {n.name for n in nodes_of(attempt)}
-    provider = provider_of(cluster)
+    provider = provider_of(mem_cluster)
     for node in first_nodes:
         provider.exit_node(attempt.provider_ref, node, exit_code=1,
                            ranks=({"rank": 0, "exit_code": 84}, {"rank": 1, "exit_code": 84}))
@@ -208,14 +214,14 @@ def test_a_transient_failure_retries_with_backoff_on_the_same_nodes(cluster, tea
     job.refresh_from_db()
     assert job.phase == Phase.STARTING
     assert {n.name for n in nodes_of(job.attempts.get(number=2))} == first_nodes
-    assert not Node.objects.filter(cluster=cluster, state="cordoned").exists()
+    assert not Node.objects.filter(cluster=mem_cluster, state="cordoned").exists()
 
 
-def test_a_transient_exit_waits_for_the_root_cause_before_it_is_classified(cluster, team):
+def test_a_transient_exit_waits_for_the_root_cause_before_it_is_classified(mem_cluster, team):
     now = timezone.now()
-    job, attempt = running_job(cluster, team, now)
+    job, attempt = running_job(mem_cluster, team, now)
     bad, good = nodes_of(attempt)
-    provider = provider_of(cluster)
+    provider = provider_of(mem_cluster)
     provider.exit_node(attempt.provider_ref, good.name, exit_code=1,
                        ranks=({"rank": 2, "exit_code": 84}, {"rank": 3, "exit_code": 84}))
     reconcile_job(job.id, later(now, 2))
@@ -227,11 +233,11 @@ def test_a_transient_exit_waits_for_the_root_cause_before_it_is_classified(clust
     assert job.restart_counts == {"hardware": 1}
 
 
-def test_a_rank_without_an_exit_record_beside_its_peers_84_was_killed(cluster, team):
+def test_a_rank_without_an_exit_record_beside_its_peers_84_was_killed(mem_cluster, team):
     now = timezone.now()
-    job, attempt = running_job(cluster, team, now)
+    job, attempt = running_job(mem_cluster, team, now)
     bad, good = nodes_of(attempt)
-    provider = provider_of(cluster)
+    provider = provider_of(mem_cluster)
     # torchrun on `bad` exits 1: rank 1 was SIGKILLed (no record), rank 0 saw its peer go.
     provider.exit_node(attempt.provider_ref, bad.name, exit_code=1,
                        ranks=({"rank": 0, "exit_code": 84},))
@@ -245,13 +251,13 @@ def test_a_rank_without_an_exit_record_beside_its_peers_84_was_killed(cluster, t
     assert bad.state == Node.State.REPLACED and good.state == Node.State.READY
 
 
-def test_a_spent_budget_fails_the_job_and_says_which_budget(cluster, team):
+def test_a_spent_budget_fails_the_job_and_says_which_budget(mem_cluster, team):
     now = timezone.now()
-    job, attempt = running_job(cluster, team, now,
+    job, attempt = running_job(mem_cluster, team, now,
                                restart_budgets={"hardware": 0, "code": 0, "transient": 3,
                                                 "preempted": 3, "hang": 1})
     bad = nodes_of(attempt)[0]
-    provider_of(cluster).exit_node(attempt.provider_ref, bad.name, signal=9)
+    provider_of(mem_cluster).exit_node(attempt.provider_ref, bad.name, signal=9)
     reconcile_job(job.id, later(now, 2))
     job.refresh_from_db()
     assert job.phase == Phase.FAILED
@@ -261,9 +267,9 @@ def test_a_spent_budget_fails_the_job_and_says_which_budget(cluster, team):
     assert bad.state == Node.State.REPLACED  # the evidence still takes the node out
 
 
-def test_a_hung_rank_is_found_by_its_missed_heartbeats(cluster, team):
+def test_a_hung_rank_is_found_by_its_missed_heartbeats(mem_cluster, team):
     now = timezone.now()
-    job, attempt = running_job(cluster, team, now)
+    job, attempt = running_job(mem_cluster, team, now)
     bad, good = nodes_of(attempt)
     heartbeat(attempt, 8, later(now, 5), ranks=[0, 1])  # ranks 0-1 live on `bad`
     heartbeat(attempt, 8, later(now, 20), ranks=[2, 3])
@@ -285,9 +291,9 @@ def test_a_hung_rank_is_found_by_its_missed_heartbeats(cluster, team):
     assert {s["rank"] for s in failed.evidence["silent"]} == {0, 1}
 
 
-def test_a_critical_health_event_on_a_node_replaces_it(cluster, team):
+def test_a_critical_health_event_on_a_node_replaces_it(mem_cluster, team):
     now = timezone.now()
-    job, attempt = running_job(cluster, team, now)
+    job, attempt = running_job(mem_cluster, team, now)
     bad = nodes_of(attempt)[1]
     event = NodeHealthEvent.objects.create(node=bad, kind="xid", severity="critical",
                                            message="XID 79: GPU fell off the bus")
@@ -301,9 +307,9 @@ def test_a_critical_health_event_on_a_node_replaces_it(cluster, team):
     assert bad.state == Node.State.REPLACED
 
 
-def test_a_spot_notice_takes_an_emergency_checkpoint_before_the_drain(cluster, team):
+def test_a_spot_notice_takes_an_emergency_checkpoint_before_the_drain(mem_cluster, team):
     now = timezone.now()
-    job, attempt = running_job(cluster, team, now)
+    job, attempt = running_job(mem_cluster, team, now)
     spot = nodes_of(attempt)[0]
     NodeHealthEvent.objects.create(node=spot, kind="spot_notice", severity="critical",
                                    message="interruption in 120 s")
@@ -311,7 +317,7 @@ def test_a_spot_notice_takes_an_emergency_checkpoint_before_the_drain(cluster, t
     attempt.refresh_from_db()
     request_id = attempt.checkpoint_request_id
     assert request_id and attempt.directives()["checkpoint_request"] == request_id
-    assert ("drain", spot.name) not in provider_of(cluster).fleet.calls
+    assert ("drain", spot.name) not in provider_of(mem_cluster).fleet.calls
     reconcile_job(job.id, later(now, 3))  # no checkpoint yet: keep waiting
     assert job.attempts.count() == 1
     write_checkpoint(job, 7, attempt, request_id=request_id, emergency=True,
@@ -319,7 +325,7 @@ def test_a_spot_notice_takes_an_emergency_checkpoint_before_the_drain(cluster, t
     reconcile_job(job.id, later(now, 5))
     job.refresh_from_db()
     spot.refresh_from_db()
-    assert ("drain", spot.name) in provider_of(cluster).fleet.calls
+    assert ("drain", spot.name) in provider_of(mem_cluster).fleet.calls
     assert spot.state == Node.State.REPLACED
     assert job.restart_counts == {"preempted": 1}
     assert job.attempts.get(number=2).resume_step == 7
@@ -328,9 +334,9 @@ def test_a_spot_notice_takes_an_emergency_checkpoint_before_the_drain(cluster, t
         "EmergencyCheckpointCommitted") < order.index("NodeDrained") < order.index("Restarting")
 
 
-def test_a_spot_notice_without_a_checkpoint_in_time_resumes_from_the_newest(cluster, team):
+def test_a_spot_notice_without_a_checkpoint_in_time_resumes_from_the_newest(mem_cluster, team):
     now = timezone.now()
-    job, attempt = running_job(cluster, team, now)
+    job, attempt = running_job(mem_cluster, team, now)
     write_checkpoint(job, 4, attempt, created_at=later(now, 1))
     spot = nodes_of(attempt)[0]
     NodeHealthEvent.objects.create(node=spot, kind="spot_notice", severity="critical",
@@ -343,11 +349,11 @@ def test_a_spot_notice_without_a_checkpoint_in_time_resumes_from_the_newest(clus
     assert job.attempts.get(number=2).resume_step == 4
 
 
-def test_the_emergency_checkpoint_wait_ends_before_the_notice_s_own_deadline(cluster, team):
+def test_the_emergency_checkpoint_wait_ends_before_the_notice_s_own_deadline(mem_cluster, team):
     """spot_checkpoint_wait_s is 30 s; the machine goes 20 s after the notice
     is acted on, and stopping the gang needs its 10 s margin: wait 10 s."""
     now = timezone.now()
-    job, attempt = running_job(cluster, team, now)
+    job, attempt = running_job(mem_cluster, team, now)
     write_checkpoint(job, 4, attempt, created_at=later(now, 1))
     spot = nodes_of(attempt)[0]
     NodeHealthEvent.objects.create(
@@ -367,12 +373,12 @@ def test_the_emergency_checkpoint_wait_ends_before_the_notice_s_own_deadline(clu
     assert missed.evidence["wait_s"] == pytest.approx(10.0)
     assert job.restart_counts == {"preempted": 1}
     assert job.attempts.get(number=2).resume_step == 4
-    assert ("drain", spot.name) in provider_of(cluster).fleet.calls
+    assert ("drain", spot.name) in provider_of(mem_cluster).fleet.calls
 
 
-def test_an_ec2_warning_s_deadline_is_two_minutes_after_it_was_sent(cluster, team):
+def test_an_ec2_warning_s_deadline_is_two_minutes_after_it_was_sent(mem_cluster, team):
     now = timezone.now()
-    job, attempt = running_job(cluster, team, now)
+    job, attempt = running_job(mem_cluster, team, now)
     spot = nodes_of(attempt)[0]
     sent = later(now, -115)  # the warning sat in the queue: 5 s of its 120 are left
     NodeHealthEvent.objects.create(
@@ -388,14 +394,14 @@ def test_an_ec2_warning_s_deadline_is_two_minutes_after_it_was_sent(cluster, tea
     assert job.restart_counts == {"preempted": 1}
 
 
-def test_a_corrupt_checkpoint_is_skipped_for_the_previous_good_one(cluster, team):
+def test_a_corrupt_checkpoint_is_skipped_for_the_previous_good_one(mem_cluster, team):
     now = timezone.now()
-    job, attempt = running_job(cluster, team, now)
+    job, attempt = running_job(mem_cluster, team, now)
     write_checkpoint(job, 5, attempt, created_at=later(now, 1))
     newest = write_checkpoint(job, 10, attempt, created_at=later(now, 2))
     shard = next(Path(newest.uri.removeprefix("file://")).glob("*.distcp"))
     shard.write_bytes(b"garbage")
-    provider_of(cluster).exit_node(attempt.provider_ref, nodes_of(attempt)[0].name, signal=9)
+    provider_of(mem_cluster).exit_node(attempt.provider_ref, nodes_of(attempt)[0].name, signal=9)
     reconcile_job(job.id, later(now, 3))
     newest.refresh_from_db()
     assert newest.state == Checkpoint.State.CORRUPT
@@ -403,9 +409,9 @@ def test_a_corrupt_checkpoint_is_skipped_for_the_previous_good_one(cluster, team
     assert "CheckpointCorrupt" in kinds(job)
 
 
-def test_a_person_s_restart_from_step_is_honoured_once(cluster, team):
+def test_a_person_s_restart_from_step_is_honoured_once(mem_cluster, team):
     now = timezone.now()
-    job, attempt = running_job(cluster, team, now)
+    job, attempt = running_job(mem_cluster, team, now)
     write_checkpoint(job, 4, attempt, created_at=later(now, 1))
     write_checkpoint(job, 8, attempt, created_at=later(now, 2))
     job.request_restart(4, "olivia", now=later(now, 3))
@@ -416,18 +422,47 @@ def test_a_person_s_restart_from_step_is_honoured_once(cluster, team):
     honoured = next(c for c in job.conditions if c["type"] == "RestartFromStep")
     assert honoured["generation"] == job.generation and honoured["step"] == 4
     assert job.restart_counts == {}  # a person's restart spends no budget
-    provider_of(cluster).exit_node(second.provider_ref, nodes_of(second)[0].name, signal=9)
+    provider_of(mem_cluster).exit_node(second.provider_ref, nodes_of(second)[0].name, signal=9)
     reconcile_job(job.id, later(now, 5))
-    assert job.attempts.get(number=3).resume_step == 8
+    # Step 8 is on the branch the restart left: the next failure does not
+    # fall forward onto it.
+    assert job.attempts.get(number=3).resume_step == 4
     assert JobAttempt.objects.filter(job=job).count() == 3
+    assert Checkpoint.objects.get(job=job, step=8).state == Checkpoint.State.ABANDONED
+
+
+def test_the_old_gangs_late_checkpoint_past_a_restart_point_is_abandoned_never_offered(
+        mem_cluster, team, api, admin_user_):
+    now = timezone.now()
+    job, attempt = running_job(mem_cluster, team, now)
+    token = attempt.issue_token()
+    write_checkpoint(job, 4, attempt, created_at=later(now, 1))
+    job.request_restart(4, "olivia", now=later(now, 2))
+    reconcile_job(job.id, later(now, 2))
+    # The old gang's emergency checkpoint of its stop arrives after the relaunch.
+    late = write_checkpoint(job, 9, None, created_at=later(now, 3))
+    Checkpoint.objects.filter(pk=late.pk).delete()  # only its files and the report now
+    resp = worker_client(token).post(
+        f"/api/v1/worker/attempts/{attempt.pk}/checkpoints",
+        {"step": 9, "uri": late.uri, "manifest_sha256": late.manifest_sha256, "emergency": True},
+        format="json")
+    assert resp.status_code == 201, resp.content
+    assert Checkpoint.objects.get(job=job, step=9).state == Checkpoint.State.ABANDONED
+    second = job.attempts.get(number=2)
+    provider_of(mem_cluster).exit_node(second.provider_ref, nodes_of(second)[0].name, signal=9)
+    reconcile_job(job.id, later(now, 5))
+    assert job.attempts.get(number=3).resume_step == 4
+    refused = api(admin_user_).post(f"/api/v1/jobs/{job.pk}/restart/", {"from_step": 9},
+                                    format="json")
+    assert refused.status_code == 400
 
 
 def test_ranks_that_exit_83_after_an_emergency_checkpoint_are_preempted_not_failed(
-    cluster, team
+    mem_cluster, team
 ):
     now = timezone.now()
-    job, attempt = running_job(cluster, team, now)
-    provider = provider_of(cluster)
+    job, attempt = running_job(mem_cluster, team, now)
+    provider = provider_of(mem_cluster)
     for i, node in enumerate(nodes_of(attempt)):
         provider.exit_node(attempt.provider_ref, node.name, exit_code=83,
                            ranks=({"rank": 2 * i, "exit_code": 83},

@@ -15,6 +15,7 @@ from tests.fleet_helpers import (
     heartbeat,
     kinds,
     later,
+    launch,
     memory_cluster,
     provider_of,
     submit,
@@ -26,18 +27,18 @@ pytestmark = pytest.mark.usefixtures("fleet_dirs")
 
 
 @pytest.fixture
-def cluster(db):
+def mem_cluster(db):
     return memory_cluster()
 
 
 @pytest.fixture
-def team(cluster):
-    return team_with_quota(cluster)
+def team(mem_cluster):
+    return team_with_quota(mem_cluster)
 
 
-def ran_to_the_end(cluster, job, now, final=True):
+def ran_to_the_end(mem_cluster, job, now, final=True):
     """Attempt 1 trains to step 20 (max_steps) and every rank exits 0."""
-    reconcile_job(job.id, now)
+    launch(job, now)
     attempt = job.attempts.get()
     heartbeat(attempt, 1, later(now, 1))
     reconcile_job(job.id, later(now, 1))
@@ -45,14 +46,14 @@ def ran_to_the_end(cluster, job, now, final=True):
     if final:
         write_checkpoint(job, 20, attempt, created_at=later(now, 9))
     heartbeat(attempt, 20, later(now, 9))
-    provider_of(cluster).finish(attempt.provider_ref)
+    provider_of(mem_cluster).finish(attempt.provider_ref)
     return attempt
 
 
-def test_ranks_that_exit_0_without_the_final_checkpoint_do_not_succeed(cluster, team):
-    job = submit(cluster, team)
+def test_ranks_that_exit_0_without_the_final_checkpoint_do_not_succeed(mem_cluster, team):
+    job = submit(mem_cluster, team)
     now = timezone.now()
-    attempt = ran_to_the_end(cluster, job, now, final=False)
+    attempt = ran_to_the_end(mem_cluster, job, now, final=False)
     reconcile_job(job.id, later(now, 10))
     job.refresh_from_db()
     attempt.refresh_from_db()
@@ -77,7 +78,7 @@ def test_ranks_that_exit_0_without_the_final_checkpoint_do_not_succeed(cluster, 
     write_checkpoint(job, 20, second, created_at=later(now, 18),
                      weight=torch.full((2, 2), 42.0))
     heartbeat(second, 20, later(now, 18))
-    provider_of(cluster).finish(second.provider_ref)
+    provider_of(mem_cluster).finish(second.provider_ref)
     reconcile_job(job.id, later(now, 19))
     job.refresh_from_db()
     assert job.phase == Phase.SUCCEEDED and job.current_step == 20
@@ -88,10 +89,10 @@ def test_ranks_that_exit_0_without_the_final_checkpoint_do_not_succeed(cluster, 
 
 
 def test_a_corrupt_final_checkpoint_is_never_exported_in_place_of_the_final_model(
-        cluster, team):
-    job = submit(cluster, team)
+        mem_cluster, team):
+    job = submit(mem_cluster, team)
     now = timezone.now()
-    ran_to_the_end(cluster, job, now)
+    ran_to_the_end(mem_cluster, job, now)
     final = Checkpoint.objects.get(job=job, step=20)
     shard = next(Path(final.uri.removeprefix("file://")).glob("*.distcp"))
     shard.write_bytes(b"garbage")
@@ -113,11 +114,11 @@ def test_a_corrupt_final_checkpoint_is_never_exported_in_place_of_the_final_mode
 
 
 def test_a_final_checkpoint_that_never_comes_fails_the_job_once_the_budget_is_spent(
-        cluster, team):
-    job = submit(cluster, team, restart_budgets={"code": 0, "transient": 0, "hardware": 5,
+        mem_cluster, team):
+    job = submit(mem_cluster, team, restart_budgets={"code": 0, "transient": 0, "hardware": 5,
                                                  "preempted": 10, "hang": 3})
     now = timezone.now()
-    ran_to_the_end(cluster, job, now, final=False)
+    ran_to_the_end(mem_cluster, job, now, final=False)
     reconcile_job(job.id, later(now, 10))
     job.refresh_from_db()
     assert job.phase == Phase.FAILED
@@ -127,13 +128,26 @@ def test_a_final_checkpoint_that_never_comes_fails_the_job_once_the_budget_is_sp
     assert kinds(job)[-3:] == ["FinalCheckpointMissing", "Failed", "NodesReleased"]
 
 
-def test_it_succeeds_with_the_final_step_s_checkpoint_exported(cluster, team):
-    job = submit(cluster, team)
+def test_it_succeeds_with_the_final_step_s_checkpoint_exported(mem_cluster, team):
+    job = submit(mem_cluster, team)
     now = timezone.now()
-    ran_to_the_end(cluster, job, now)
+    ran_to_the_end(mem_cluster, job, now)
     reconcile_job(job.id, later(now, 10))
     job.refresh_from_db()
     assert job.phase == Phase.SUCCEEDED
     assert ModelArtifact.objects.get(job=job).checkpoint.step == 20
     exported = JobEvent.objects.get(job=job, kind="ModelExported")
     assert exported.evidence["step"] == 20
+
+
+def test_ranks_that_finished_long_before_the_pass_succeed_not_hang(mem_cluster, team):
+    """The chaos run's "finished attempt read as a hang": the worker holding
+    the job's reconcile was killed as the ranks exited 0, and the next pass
+    came after the heartbeat deadline (the lock's lifetime)."""
+    job = submit(mem_cluster, team)
+    now = timezone.now()
+    ran_to_the_end(mem_cluster, job, now)  # last heartbeat at +9 s
+    reconcile_job(job.id, later(now, 9 + 120))  # deadline 30 s, long gone
+    job.refresh_from_db()
+    assert job.phase == Phase.SUCCEEDED
+    assert not job.events.filter(kind__in=["Restarting", "NodeFailed"]).exists()

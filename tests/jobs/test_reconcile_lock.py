@@ -10,17 +10,12 @@ from django.utils import timezone
 from controlplane.lib import locks
 from controlplane.redis_client import get_redis
 from jobs.models import JobAttempt, Phase
-from jobs.reconcile import reconcile_job_locked
+from jobs.reconcile import reconcile_job, reconcile_job_locked
+from jobs.scheduling import admit
 from tests.fleet_helpers import kinds, memory_cluster, provider_of, submit, team_with_quota
+from tests.support.pauses import pause_at
 
 pytestmark = [pytest.mark.usefixtures("fleet_dirs"), pytest.mark.timeout(60)]
-
-
-def wait_for(path, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.02)
 
 
 def in_thread(target):
@@ -48,24 +43,25 @@ def test_a_lock_held_past_its_ttl_stays_with_its_holder():
     assert not locks.is_held("test:long")
 
 
-def test_a_pass_longer_than_the_ttl_keeps_other_workers_out(db, settings, tmp_path):
+def test_a_pass_longer_than_the_ttl_keeps_other_workers_out(db, settings):
     cluster = memory_cluster()
     job = submit(cluster, team_with_quota(cluster))
+    ready_to_launch(job)
     settings.RECONCILE_LOCK_TTL_S = 0.3
-    marker = tmp_path / "paused"
-    # The pass sleeps after preflight, as a long preflight check would keep it.
-    settings.TEST_PAUSE = f"launch:1.5:{marker}"
     seen = []
 
-    def second_worker():
-        wait_for(marker)
-        time.sleep(0.8)  # well past the TTL the pass started with
-        with locks.hold(f"job:{job.id}") as got:
-            seen.append(got)
+    with pause_at("launch") as pause:
+        # The pass stops after preflight, as a long preflight check would keep it.
+        def second_worker():
+            pause.wait_reached()
+            time.sleep(0.8)  # the pass has now run well past the TTL it started with
+            with locks.hold(f"job:{job.id}") as got:
+                seen.append(got)
+            pause.resume.set()
 
-    thread, failure = in_thread(second_worker)
-    result = reconcile_job_locked(job.id, timezone.now())
-    thread.join(timeout=30)
+        thread, failure = in_thread(second_worker)
+        result = reconcile_job_locked(job.id, timezone.now())
+        thread.join(timeout=30)
 
     assert not failure, failure
     assert seen == [False]
@@ -75,22 +71,23 @@ def test_a_pass_longer_than_the_ttl_keeps_other_workers_out(db, settings, tmp_pa
     assert not locks.is_held(f"job:{job.id}")
 
 
-def test_a_pass_that_lost_its_lock_stops_before_launching(db, settings, tmp_path):
+def test_a_pass_that_lost_its_lock_stops_before_launching(db):
     cluster = memory_cluster()
     job = submit(cluster, team_with_quota(cluster))
-    marker = tmp_path / "paused"
-    settings.TEST_PAUSE = f"launch:1.5:{marker}"
+    ready_to_launch(job)
     key = locks.PREFIX + f"job:{job.id}"
 
-    def take_over():
-        # What a worker sees once the pass's process froze past the TTL: the
-        # lock expired and another worker took it.
-        wait_for(marker)
-        get_redis().set(key, "another-worker", px=60_000)
+    with pause_at("launch") as pause:
+        def take_over():
+            # What a worker sees once the pass's process froze past the TTL: the
+            # lock expired and another worker took it.
+            pause.wait_reached()
+            get_redis().set(key, "another-worker", px=60_000)
+            pause.resume.set()
 
-    thread, failure = in_thread(take_over)
-    result = reconcile_job_locked(job.id, timezone.now())
-    thread.join(timeout=30)
+        thread, failure = in_thread(take_over)
+        result = reconcile_job_locked(job.id, timezone.now())
+        thread.join(timeout=30)
 
     assert not failure, failure
     assert result is None  # as if another worker had held the job all along
@@ -101,3 +98,10 @@ def test_a_pass_that_lost_its_lock_stops_before_launching(db, settings, tmp_path
     # The lock is the new holder's still: the stopped pass did not release it.
     assert get_redis().get(key) == b"another-worker"
     get_redis().delete(key)
+
+
+def ready_to_launch(job) -> None:
+    """Queued and admitted: the job's next pass launches it."""
+    now = timezone.now()
+    reconcile_job(job.id, now)
+    admit(job.cluster_id, now)

@@ -1,11 +1,14 @@
-"""Queued jobs' reconciles and the cluster's admission pass: a sweep over
-the queue runs one pass per cluster, not one per job, and admission stays
-prompt; a job sent back to the queue is told its place in it."""
+"""Admission has one owner, the cluster's admission pass: a queued job's own
+reconcile only reads the reason the pass left it, and every change of the
+queue or of the capacity asks for a pass once it commits (the task runs
+eagerly here, so the test sees what a worker would do with it)."""
 
 import pytest
+from celery import current_app
 from django.utils import timezone
 
 from clusters.models import Node
+from clusters.reconcile import reconcile_cluster
 from jobs.models import Phase, Quota
 from jobs.reconcile import reconcile_job
 from jobs.scheduling import admit
@@ -23,12 +26,21 @@ pytestmark = pytest.mark.usefixtures("fleet_dirs")
 
 
 @pytest.fixture
-def cluster(db):
+def mem_cluster(db):
     return memory_cluster(size=4, spares=1, queue_interval_s=10.0)  # 4 nodes × 2 GPUs
 
 
-def queued(cluster, team, at, **kw):
-    job = submit(cluster, team, **kw)
+@pytest.fixture
+def eager_tasks():
+    """Tasks sent on commit run at once, in this process. (The app reads its
+    settings under the CELERY_ namespace: controlplane/celery.py.)"""
+    current_app.conf.CELERY_TASK_ALWAYS_EAGER = True
+    yield
+    current_app.conf.CELERY_TASK_ALWAYS_EAGER = False
+
+
+def queued(mem_cluster, team, at, **kw):
+    job = submit(mem_cluster, team, **kw)
     job.transition(Phase.QUEUED, reason="Queued", now=at)
     return job
 
@@ -38,79 +50,93 @@ def phase(job):
     return job.phase
 
 
-def test_a_queued_job_does_not_repeat_a_fresh_pass_of_its_cluster(cluster):
-    team = team_with_quota(cluster, gpus=4)
+def test_a_queued_job_s_reconcile_reads_its_reason_and_admits_nothing(mem_cluster):
+    team = team_with_quota(mem_cluster, gpus=4)
     now = timezone.now()
-    first = queued(cluster, team, now, name="first")
-    second = queued(cluster, team, later(now, 1), name="second")
-    reconcile_job(first.id, later(now, 2))  # its pass admits `first`; `second` waits
-    assert phase(first) == Phase.STARTING
-    reconcile_job(second.id, later(now, 2.5))  # never looked at: its spec is news, a pass
+    first = queued(mem_cluster, team, now, name="first")
+    second = queued(mem_cluster, team, later(now, 1), name="second")
+    admit(mem_cluster.id, later(now, 2))  # admits `first`; `second` waits for the quota
+    assert phase(first) == Phase.ADMITTED
     second.refresh_from_db()
     assert second.pending_reason == "needs 4 GPUs; team quota has 0 free; position 1 in queue"
-    # A change no pass has seen yet: the quota grows.
-    Quota.objects.filter(team=team).update(gpus=8)
-    reconcile_job(second.id, later(now, 3))
-    # The pass at +2.5 began after `second` last changed and is 0.5 s old: reused.
+    Quota.objects.filter(team=team).update(gpus=8)  # a change no pass has seen yet
+
+    result = reconcile_job(second.id, later(now, 3))
+
     assert phase(second) == Phase.QUEUED
-    reconcile_job(second.id, later(now, 13))
-    # Older than the queue interval: this reconcile runs a pass, which admits.
-    assert phase(second) in (Phase.ADMITTED, Phase.STARTING)
+    assert result.note == second.pending_reason and result.requeue_after == 10.0
+    assert not second.events.filter(kind="Admitted").exists()
+    admit(mem_cluster.id, later(now, 4))
+    assert phase(second) == Phase.ADMITTED
 
 
-def test_a_job_queued_after_the_pass_runs_its_own_and_is_admitted_at_once(cluster):
-    team = team_with_quota(cluster, gpus=8)
+def test_a_job_s_first_reconcile_queues_it_and_asks_for_a_pass_on_commit(
+        mem_cluster, eager_tasks, django_capture_on_commit_callbacks):
+    team = team_with_quota(mem_cluster, gpus=8)
+    job = submit(mem_cluster, team)
+    with django_capture_on_commit_callbacks(execute=True):
+        reconcile_job(job.id, timezone.now())
+    # The pass admitted it, and the admitted job's own reconcile launched it.
+    assert phase(job) == Phase.STARTING
+    assert job.events.filter(kind="Admitted").exists()
+
+
+def test_capacity_freed_by_a_finished_job_is_admitted_without_waiting_for_a_sweep(
+        mem_cluster, eager_tasks, django_capture_on_commit_callbacks):
+    team = team_with_quota(mem_cluster, gpus=16)
     now = timezone.now()
-    first = queued(cluster, team, now, name="first")
-    reconcile_job(first.id, later(now, 1))
-    late = submit(cluster, team, name="late")
-    reconcile_job(late.id, later(now, 2))  # pending → queued at +2, after the pass
-    late.refresh_from_db()
-    assert late.phase == Phase.STARTING
-    assert late.events.filter(kind="Admitted").exists()
-
-
-def test_capacity_freed_by_a_finished_job_is_admitted_without_waiting_for_the_interval(cluster):
-    team = team_with_quota(cluster, gpus=16)
-    now = timezone.now()
-    running = queued(cluster, team, now, name="running", nodes=4)
+    running = queued(mem_cluster, team, now, name="running", nodes=4)
+    admit(mem_cluster.id, later(now, 1))
     reconcile_job(running.id, later(now, 1))
     attempt = running.attempts.get()
-    waiting = queued(cluster, team, later(now, 1.5), name="waiting", nodes=2)
-    reconcile_job(waiting.id, later(now, 2))
+    waiting = queued(mem_cluster, team, later(now, 1.5), name="waiting", nodes=2)
+    admit(mem_cluster.id, later(now, 2))
     waiting.refresh_from_db()
     assert waiting.pending_reason == (
         "needs 2 nodes; 0 healthy nodes free in pool gpu; position 1 in queue")
     heartbeat(attempt, 20, later(now, 3))
     write_checkpoint(running, 20, attempt, created_at=later(now, 3))
     reconcile_job(running.id, later(now, 3))
-    provider_of(cluster).finish(attempt.provider_ref)
-    reconcile_job(running.id, later(now, 4))
+    provider_of(mem_cluster).finish(attempt.provider_ref)
+    with django_capture_on_commit_callbacks(execute=True):
+        reconcile_job(running.id, later(now, 4))
     assert phase(running) == Phase.SUCCEEDED
-    reconcile_job(waiting.id, later(now, 5))  # 3 s after the last pass
     assert phase(waiting) == Phase.STARTING
 
 
-def test_a_spec_change_of_a_queued_job_runs_a_pass(cluster):
-    team = team_with_quota(cluster, gpus=4)
-    now = timezone.now()
-    first = queued(cluster, team, now, name="first")
-    second = queued(cluster, team, later(now, 1), name="second")
-    reconcile_job(first.id, later(now, 2))
-    Quota.objects.filter(team=team).update(gpus=8)
-    second.request_restart(0, "olivia", now=later(now, 3))  # generation + 1
-    reconcile_job(second.id, later(now, 3))
-    assert phase(second) in (Phase.ADMITTED, Phase.STARTING)
+def test_a_quota_raised_through_the_api_asks_for_a_pass(
+        mem_cluster, eager_tasks, django_capture_on_commit_callbacks, api, admin_user_):
+    team = team_with_quota(mem_cluster, gpus=0)
+    job = queued(mem_cluster, team, timezone.now())
+    admit(mem_cluster.id, timezone.now())
+    assert phase(job) == Phase.QUEUED
+    quota = Quota.objects.get(team=team)
+    with django_capture_on_commit_callbacks(execute=True):
+        resp = api(admin_user_).patch(f"/api/v1/quotas/{quota.pk}/", {"gpus": 8}, format="json")
+    assert resp.status_code == 200, resp.content
+    assert phase(job) == Phase.STARTING
 
 
-def test_a_job_sent_back_to_the_queue_at_launch_is_told_its_place_in_it(cluster):
-    team = team_with_quota(cluster, gpus=8)
-    blocked = team_with_quota(cluster, name="blocked", gpus=0)
+def test_a_node_turning_ready_asks_for_a_pass_and_one_that_changes_nothing_does_not(
+        mem_cluster, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks() as sent:
+        reconcile_cluster(mem_cluster.id, timezone.now())
+    assert sent == []  # nothing changed: no admission pass asked for
+    node = Node.objects.filter(cluster=mem_cluster, is_spare=False).first()
+    Node.objects.filter(pk=node.pk).update(state=Node.State.PROVISIONING)
+    with django_capture_on_commit_callbacks() as sent:
+        reconcile_cluster(mem_cluster.id, timezone.now())
+    assert len(sent) == 1
+
+
+def test_a_job_sent_back_to_the_queue_at_launch_is_told_its_place_in_it(mem_cluster):
+    team = team_with_quota(mem_cluster, gpus=8)
+    blocked = team_with_quota(mem_cluster, name="blocked", gpus=0)
     now = timezone.now()
-    job = queued(cluster, team, now, name="job")
-    assert admit(cluster.id, later(now, 1)).admitted == [job.id]
-    ahead = queued(cluster, blocked, later(now, 2), name="ahead", priority=5)
-    for node in Node.objects.filter(cluster=cluster, is_spare=False).order_by("name")[:3]:
+    job = queued(mem_cluster, team, now, name="job")
+    assert admit(mem_cluster.id, later(now, 1)).admitted == [job.id]
+    ahead = queued(mem_cluster, blocked, later(now, 2), name="ahead", priority=5)
+    for node in Node.objects.filter(cluster=mem_cluster, is_spare=False).order_by("name")[:3]:
         node.cordon("maintenance")
     reconcile_job(job.id, later(now, 3))  # no nodes at launch: back to the queue
     job.refresh_from_db()
@@ -119,7 +145,7 @@ def test_a_job_sent_back_to_the_queue_at_launch_is_told_its_place_in_it(cluster)
         "needs 2 healthy nodes; 1 free in pool gpu, 1 spare ready, 0 provisioning; "
         "position 2 in queue")
     assert job.events.filter(kind="Requeued").exists()
-    reconcile_job(job.id, later(now, 4))  # requeued after the last pass: a pass now
+    admit(mem_cluster.id, later(now, 4))  # the pass its requeueing asked for
     job.refresh_from_db()
     assert job.pending_reason == (
         "needs 2 nodes; 1 healthy node free in pool gpu; position 2 in queue")

@@ -12,12 +12,12 @@ pytestmark = pytest.mark.usefixtures("fleet_dirs")
 
 
 @pytest.fixture
-def cluster(db):
+def mem_cluster(db):
     return memory_cluster(size=4, spares=1)  # 4 working nodes × 2 GPUs
 
 
-def queued(cluster, team, now, **kw):
-    job = submit(cluster, team, **kw)
+def queued(mem_cluster, team, now, **kw):
+    job = submit(mem_cluster, team, **kw)
     job.transition(Phase.QUEUED, reason="Queued", now=now)
     return job
 
@@ -28,12 +28,12 @@ def phases(*jobs):
     return [job.phase for job in jobs]
 
 
-def test_it_admits_by_priority_then_submit_time(cluster):
-    team = team_with_quota(cluster, gpus=4)
+def test_it_admits_by_priority_then_submit_time(mem_cluster):
+    team = team_with_quota(mem_cluster, gpus=4)
     now = timezone.now()
-    early = queued(cluster, team, now, name="early")
-    urgent = queued(cluster, team, later(now, 1), name="urgent", priority=5)
-    report = admit(cluster.id, later(now, 2))
+    early = queued(mem_cluster, team, now, name="early")
+    urgent = queued(mem_cluster, team, later(now, 1), name="urgent", priority=5)
+    report = admit(mem_cluster.id, later(now, 2))
     assert report.admitted == [urgent.id]
     assert phases(early, urgent) == [Phase.QUEUED, Phase.ADMITTED]
     early.refresh_from_db()
@@ -41,26 +41,26 @@ def test_it_admits_by_priority_then_submit_time(cluster):
     assert JobEvent.objects.get(job=urgent, kind="Admitted").evidence["gpus"] == 4
 
 
-def test_a_team_without_a_quota_is_told_so(cluster):
+def test_a_team_without_a_quota_is_told_so(mem_cluster):
     team = Team.objects.create(name="nobody")
-    job = queued(cluster, team, timezone.now())
-    admit(cluster.id, timezone.now())
+    job = queued(mem_cluster, team, timezone.now())
+    admit(mem_cluster.id, timezone.now())
     job.refresh_from_db()
     assert job.phase == Phase.QUEUED
     assert job.pending_reason == "no quota on cluster mem-a; position 1 in queue"
 
 
-def test_a_gang_waits_whole_for_healthy_nodes_and_blocks_lower_jobs_of_the_pool(cluster):
-    big_team = team_with_quota(cluster, name="big", gpus=16)
-    small_team = team_with_quota(cluster, name="small", gpus=16)
+def test_a_gang_waits_whole_for_healthy_nodes_and_blocks_lower_jobs_of_the_pool(mem_cluster):
+    big_team = team_with_quota(mem_cluster, name="big", gpus=16)
+    small_team = team_with_quota(mem_cluster, name="small", gpus=16)
     now = timezone.now()
-    running = queued(cluster, big_team, now, name="running", nodes=2)
-    admit(cluster.id, now)
-    Node.objects.filter(cluster=cluster, is_spare=False, state="ready").exclude(
+    running = queued(mem_cluster, big_team, now, name="running", nodes=2)
+    admit(mem_cluster.id, now)
+    Node.objects.filter(cluster=mem_cluster, is_spare=False, state="ready").exclude(
         pk__in=[]).order_by("name").first().cordon("broken")
-    gang = queued(cluster, big_team, later(now, 1), name="gang", nodes=3, priority=1)
-    small = queued(cluster, small_team, later(now, 2), name="small", nodes=1)
-    report = admit(cluster.id, later(now, 3))
+    gang = queued(mem_cluster, big_team, later(now, 1), name="gang", nodes=3, priority=1)
+    small = queued(mem_cluster, small_team, later(now, 2), name="small", nodes=1)
+    report = admit(mem_cluster.id, later(now, 3))
     assert report.admitted == []
     assert phases(running, gang, small) == [Phase.ADMITTED, Phase.QUEUED, Phase.QUEUED]
     assert gang.pending_reason == (
@@ -69,50 +69,50 @@ def test_a_gang_waits_whole_for_healthy_nodes_and_blocks_lower_jobs_of_the_pool(
         f"waiting behind job #{gang.id} (gang) for pool gpu; position 2 in queue")
 
 
-def test_a_job_blocked_by_its_own_quota_does_not_block_other_teams(cluster):
-    poor = team_with_quota(cluster, name="poor", gpus=2)
-    rich = team_with_quota(cluster, name="rich", gpus=8)
+def test_a_job_blocked_by_its_own_quota_does_not_block_other_teams(mem_cluster):
+    poor = team_with_quota(mem_cluster, name="poor", gpus=2)
+    rich = team_with_quota(mem_cluster, name="rich", gpus=8)
     now = timezone.now()
-    big = queued(cluster, poor, now, name="big", nodes=2, priority=9)
-    other = queued(cluster, rich, later(now, 1), name="other", nodes=2)
-    admit(cluster.id, later(now, 2))
+    big = queued(mem_cluster, poor, now, name="big", nodes=2, priority=9)
+    other = queued(mem_cluster, rich, later(now, 1), name="other", nodes=2)
+    admit(mem_cluster.id, later(now, 2))
     assert phases(big, other) == [Phase.QUEUED, Phase.ADMITTED]
     assert big.pending_reason == "needs 4 GPUs; team quota has 2 free; position 1 in queue"
 
 
-def test_it_never_admits_past_the_running_jobs_limit(cluster):
-    team = team_with_quota(cluster, gpus=16, max_running_jobs=1)
+def test_it_never_admits_past_the_running_jobs_limit(mem_cluster):
+    team = team_with_quota(mem_cluster, gpus=16, max_running_jobs=1)
     now = timezone.now()
-    first = queued(cluster, team, now, name="a", nodes=1)
-    second = queued(cluster, team, later(now, 1), name="b", nodes=1)
-    admit(cluster.id, later(now, 2))
+    first = queued(mem_cluster, team, now, name="a", nodes=1)
+    second = queued(mem_cluster, team, later(now, 1), name="b", nodes=1)
+    admit(mem_cluster.id, later(now, 2))
     assert phases(first, second) == [Phase.ADMITTED, Phase.QUEUED]
     assert second.pending_reason.startswith("team runs 1 jobs on cluster mem-a; quota allows 1")
 
 
-def test_admission_books_the_queueing_time(cluster):
-    team = team_with_quota(cluster)
+def test_admission_books_the_queueing_time(mem_cluster):
+    team = team_with_quota(mem_cluster)
     now = timezone.now()
-    job = queued(cluster, team, now)
-    admit(cluster.id, later(now, 7))
+    job = queued(mem_cluster, team, now)
+    admit(mem_cluster.id, later(now, 7))
     entry = job.goodput.get(category="queued")
     assert entry.seconds == pytest.approx(7.0)
     assert entry.gpu_seconds == pytest.approx(28.0)
 
 
-def test_a_second_pass_admits_nothing_more(cluster):
-    team = team_with_quota(cluster)
+def test_a_second_pass_admits_nothing_more(mem_cluster):
+    team = team_with_quota(mem_cluster)
     now = timezone.now()
-    queued(cluster, team, now)
-    assert len(admit(cluster.id, now).admitted) == 1
-    assert admit(cluster.id, now).admitted == []
+    queued(mem_cluster, team, now)
+    assert len(admit(mem_cluster.id, now).admitted) == 1
+    assert admit(mem_cluster.id, now).admitted == []
 
 
-def test_a_pass_whose_clock_is_older_than_the_queueing_admits_after_it(cluster):
-    team = team_with_quota(cluster)
+def test_a_pass_whose_clock_is_older_than_the_queueing_admits_after_it(mem_cluster):
+    team = team_with_quota(mem_cluster)
     now = timezone.now()
-    job = queued(cluster, team, later(now, 5))
-    admit(cluster.id, now)
+    job = queued(mem_cluster, team, later(now, 5))
+    admit(mem_cluster.id, now)
     kinds = list(job.events.order_by("created_at", "id").values_list("kind", flat=True))
     assert kinds[-2:] == ["Queued", "Admitted"]
     assert job.goodput.get(category="queued").seconds == 0

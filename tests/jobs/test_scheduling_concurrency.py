@@ -39,7 +39,7 @@ def test_twenty_concurrent_submissions_never_overshoot_a_quota(fleet_dirs):
         t.join(timeout=90)
     assert errors == []
     admitted = TrainingJob.objects.filter(team=team, phase=Phase.ADMITTED)
-    assert sum(j.gpus for j in admitted) <= 8
+    assert sum(j.world_size for j in admitted) <= 8
     assert admitted.count() == 4
     waiting = TrainingJob.objects.filter(team=team, phase=Phase.QUEUED)
     assert waiting.count() == 16

@@ -4,7 +4,7 @@ contract of docs/trainer-protocol.md seen from both sides at once."""
 import time
 
 import pytest
-from trainer.reporting import Reporter
+from regatta.reporting import Reporter
 
 from checkpoints.models import Checkpoint
 from jobs.models import JobAttempt, JobEvent, MetricPoint, RankStatus
@@ -25,7 +25,7 @@ def wait_for(predicate, timeout=20.0):
 def test_the_trainers_reporter_delivers_everything_and_gets_directives(
     live_server, team, cluster, owner
 ):
-    job = make_job(team, cluster, owner, phase="running")
+    job = make_job(team, cluster, owner, phase="running", storage_uri="/tmp/ckpt")
     attempt, token = make_attempt(job)
     request_id = attempt.request_checkpoint("user:olivia")
     reporter = Reporter(live_server.url, token, str(attempt.pk), rank=0, node="cpu-a-0",

@@ -169,71 +169,73 @@ class K8sStandIn:
         return Handler
 
     def _route(self, h, method, path, query, body):
-        parts = path.strip("/").split("/")
-        prefix = 2 if parts[0] == "api" else 3
-        rest = parts[prefix:]
-        sub = None
-        if rest and rest[0] == "namespaces" and len(rest) >= 3:
-            coll_len = prefix + 3
-        else:
-            coll_len = prefix + 1
-        collection = "/" + "/".join(parts[:coll_len])
-        tail = parts[coll_len:]
-        name = tail[0] if tail else None
-        if len(tail) > 1:
-            sub = tail[1]
+        collection, name, sub, namespace = _parse_path(path)
         items = self.store.setdefault(collection, {})
+        if sub is not None:
+            return self._subresource(h, method, collection, items, name, sub, namespace, body)
+        if method == "GET" and name is None:
+            return self._list(h, collection, items, query)
+        handler = {"GET": self._get, "POST": self._create, "PATCH": self._patch,
+                   "DELETE": self._delete}.get(method)
+        if handler is None:
+            return h._status(400, f"unsupported {method} {path}")
+        return handler(h, collection, items, name, body)
 
+    def _subresource(self, h, method, collection, items, name, sub, namespace, body):
         if sub == "log" and method == "GET":
-            text = self.logs.get((parts[prefix + 1], name), "")
-            raise _Reply(200, text, "text/plain")
+            raise _Reply(200, self.logs.get((namespace, name), ""), "text/plain")
         if sub == "eviction" and method == "POST":
             if name not in items:
                 return h._status(404, f'pods "{name}" not found')
             del items[name]
             self._fire("EVICT", collection, body)
             raise _Reply(201, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
-        if method == "GET" and name is None:
-            matched = [o for o in items.values() if _matches(o, query)]
-            if query.get("watch") in ("true", "1", "True"):
-                events = self.watch_events.get(collection)
-                if callable(events):
-                    events = events()
-                if events is None:
-                    events = [{"type": "ADDED", "object": o} for o in matched]
-                return h.stream(events)
-            raise _Reply(200, {"kind": "List", "apiVersion": "v1",
-                               "metadata": {"resourceVersion": self._next_version()},
-                               "items": matched})
-        if method == "GET":
-            if name not in items:
-                return h._status(404, f'"{name}" not found')
-            raise _Reply(200, items[name])
-        if method == "POST":
-            name = body["metadata"]["name"]
-            if name in items:
-                return h._status(409, f'"{name}" already exists')
-            obj = self.put(collection, body)
-            obj["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
-            if "stringData" in obj:
-                obj["data"] = {k: "***" for k in obj.pop("stringData")}
-            self._fire("POST", collection, obj)
-            raise _Reply(201, obj)
-        if method == "PATCH":
-            if name not in items:
-                return h._status(404, f'"{name}" not found')
-            _merge(items[name], body)
-            items[name]["metadata"]["resourceVersion"] = self._next_version()
-            self._fire("PATCH", collection, items[name])
-            raise _Reply(200, items[name])
-        if method == "DELETE":
-            if name not in items:
-                return h._status(404, f'"{name}" not found')
-            obj = items.pop(name)
-            self._fire("DELETE", collection, obj)
-            raise _Reply(200, {"kind": "Status", "apiVersion": "v1", "status": "Success",
-                               "details": {"name": name, "uid": obj["metadata"]["uid"]}})
-        return h._status(400, f"unsupported {method} {path}")
+        return h._status(400, f"unsupported {method} of {sub}")
+
+    def _list(self, h, collection, items, query):
+        matched = [o for o in items.values() if _matches(o, query)]
+        if query.get("watch") in ("true", "1", "True"):
+            events = self.watch_events.get(collection)
+            if callable(events):
+                events = events()
+            if events is None:
+                events = [{"type": "ADDED", "object": o} for o in matched]
+            return h.stream(events)
+        raise _Reply(200, {"kind": "List", "apiVersion": "v1",
+                           "metadata": {"resourceVersion": self._next_version()},
+                           "items": matched})
+
+    def _get(self, h, collection, items, name, body):
+        if name not in items:
+            return h._status(404, f'"{name}" not found')
+        raise _Reply(200, items[name])
+
+    def _create(self, h, collection, items, name, body):
+        name = body["metadata"]["name"]
+        if name in items:
+            return h._status(409, f'"{name}" already exists')
+        obj = self.put(collection, body)
+        obj["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+        if "stringData" in obj:
+            obj["data"] = {k: "***" for k in obj.pop("stringData")}
+        self._fire("POST", collection, obj)
+        raise _Reply(201, obj)
+
+    def _patch(self, h, collection, items, name, body):
+        if name not in items:
+            return h._status(404, f'"{name}" not found')
+        _merge(items[name], body)
+        items[name]["metadata"]["resourceVersion"] = self._next_version()
+        self._fire("PATCH", collection, items[name])
+        raise _Reply(200, items[name])
+
+    def _delete(self, h, collection, items, name, body):
+        if name not in items:
+            return h._status(404, f'"{name}" not found')
+        obj = items.pop(name)
+        self._fire("DELETE", collection, obj)
+        raise _Reply(200, {"kind": "Status", "apiVersion": "v1", "status": "Success",
+                           "details": {"name": name, "uid": obj["metadata"]["uid"]}})
 
     def _fire(self, method, collection, obj):
         for hook in list(self.hooks):
@@ -365,3 +367,18 @@ def job_condition(kind: str, status: str = "True", message: str = "") -> dict:
             "message": message or f"PyTorchJob is {kind.lower()}.",
             "lastUpdateTime": "2026-01-01T00:00:10Z",
             "lastTransitionTime": "2026-01-01T00:00:10Z"}
+
+
+def _parse_path(path: str):
+    """(collection path, object name, subresource, namespace) of an API path:
+    /api/v1/namespaces/ns/pods/name/log, /apis/group/v1/namespaces/ns/kind/name, ..."""
+    parts = path.strip("/").split("/")
+    prefix = 2 if parts[0] == "api" else 3
+    rest = parts[prefix:]
+    namespaced = bool(rest) and rest[0] == "namespaces" and len(rest) >= 3
+    coll_len = prefix + (3 if namespaced else 1)
+    tail = parts[coll_len:]
+    name = tail[0] if tail else None
+    sub = tail[1] if len(tail) > 1 else None
+    namespace = parts[prefix + 1] if namespaced else None
+    return "/" + "/".join(parts[:coll_len]), name, sub, namespace

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from kubernetes import client as k8s
@@ -30,9 +31,10 @@ from ..base import (
     PreflightResult,
 )
 from . import manifests as mf
-from .config import KubeSettings, replace_mode
+from .config import KubePoolSettings, KubeSettings, replace_mode
 from .errors import classify, is_status
 from .observe import attempt_status, node_info, node_signals
+from .preflight import run_allreduce, run_dcgm_labels
 
 
 def api_client_for(settings: KubeSettings) -> k8s.ApiClient:
@@ -70,15 +72,17 @@ class KubernetesProvider:
         self._aws = None
         self._sleep, self._clock = sleep, clock
 
+    # The typed sections of Cluster.settings and NodePool.settings this
+    # provider reads (clusters/settings.py parses them).
+    Settings = KubeSettings
+    PoolSettings = KubePoolSettings
+
     @classmethod
-    def for_cluster(cls, cluster) -> KubernetesProvider:
-        raw = dict(cluster.settings or {})
-        settings = KubeSettings.parse(raw)
-
+    def for_cluster(cls, name: str, settings: KubeSettings) -> KubernetesProvider:
         def aws():
-            from ..aws import AwsProvider
+            from ..aws import AwsProvider  # boto3 only for clusters that replace through AWS
 
-            return AwsProvider.for_settings(raw)
+            return AwsProvider.for_settings(settings)
 
         return cls(api_client_for(settings), settings, aws_factory=aws)
 
@@ -140,7 +144,7 @@ class KubernetesProvider:
 
     def list_nodes(self, pool: PoolInfo) -> list[NodeInfo]:
         nodes = [node_info(n) for n in self._pool_nodes(pool)]
-        if not pool.settings.get("asg_name"):
+        if not pool.settings.asg_name:
             return nodes
         # An instance of the group that has not registered yet (a spare or a
         # replacement still booting) is the pool's all the same: listed not
@@ -151,7 +155,7 @@ class KubernetesProvider:
         return nodes + booting
 
     def provision_node(self, pool: PoolInfo, name: str) -> NodeInfo:
-        if not pool.settings.get("asg_name"):
+        if not pool.settings.asg_name:
             raise PermanentError(
                 f"pool {pool.name}: spares come from its node group; set 'asg_name' to let "
                 "Regatta add one")
@@ -160,7 +164,7 @@ class KubernetesProvider:
 
     def health_signals(self, pool: PoolInfo) -> list[HealthSignal]:
         signals = [s for n in self._pool_nodes(pool) for s in node_signals(n, self.settings)]
-        if pool.settings.get("spot_queue_url"):
+        if pool.settings.spot_queue_url:
             signals.extend(self.aws().spot_signals(pool))
         return signals
 
@@ -273,8 +277,6 @@ class KubernetesProvider:
         return self._with_log_tails(status, pods)
 
     def _with_log_tails(self, status: AttemptStatus, pods: list[dict]) -> AttemptStatus:
-        from dataclasses import replace
-
         names = {(p.get("spec") or {}).get("nodeName"): p["metadata"]["name"] for p in pods}
         nodes = []
         for proc in status.nodes:
@@ -304,8 +306,6 @@ class KubernetesProvider:
     # --- preflight ------------------------------------------------------------------
     def preflight(self, pool: PoolInfo, placements: tuple[Placement, ...],
                   timeout_s: float = 60.0) -> PreflightResult:
-        from .preflight import run_allreduce, run_dcgm_labels
-
         if self.settings.preflight == "dcgm-labels":
             return run_dcgm_labels(self, placements)
         return run_allreduce(self, pool, placements, timeout_s)

@@ -1,16 +1,17 @@
-"""Per-cluster Kubernetes settings (Cluster.settings), checked once.
+"""Per-cluster and per-pool Kubernetes settings, checked once.
 
 Every key is documented in docs/kubernetes.md. A bad value raises
-PermanentError naming the key, so a typo stops reconcile with a message
-instead of retrying forever.
+SettingsError naming the key when the cluster is saved (clusters/settings.py),
+and a PermanentError at run time, so a typo never retries forever.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from typing import Any
 
 from controlplane.lib.errors import PermanentError
+from controlplane.lib.typed_settings import SettingsError, parse, setting
 
 PREFLIGHT_MODES = ("allreduce", "dcgm-labels")
 GANG_SCHEDULERS = ("", "volcano", "kueue")
@@ -24,109 +25,86 @@ NODE_AUTOSCALERS = ("", "karpenter")
 DEFAULT_HEALTH_CONDITIONS = {"AcceleratedHardwareReady": "True"}
 
 
+def _mode(value):
+    # The job reconciler reads the same key as on/off (clusters/settings.py):
+    # true is the default mode here; false turns the check off there.
+    return PREFLIGHT_MODES[0] if isinstance(value, bool) else value
+
+
 @dataclass(frozen=True)
 class KubeSettings:
-    namespace: str = "regatta-training"
+    """A Kubernetes cluster's own settings (docs/kubernetes.md)."""
+
+    namespace: str = setting("regatta-training", "namespace the PyTorchJobs run in")
     # How to reach the API server: in-cluster service account, a kubeconfig
     # (and context), or a plain URL without auth (kubectl proxy).
-    in_cluster: bool = False
-    kubeconfig: str = ""
-    context: str = ""
-    api_url: str = ""
-    request_timeout_s: float = 30.0
-    service_account: str = ""
-    image_pull_secrets: tuple[str, ...] = ()
-    nccl_env: dict = field(default_factory=dict)
-    checkpoint_pvc: str = ""
-    checkpoint_mount_path: str = "/checkpoints"
-    shm_size: str = ""
-    gang_scheduler: str = ""
-    queue: str = ""
-    priority_class: str = ""
-    termination_grace_s: int = 120
-    delete_propagation: str = "Foreground"
-    preflight: str = "allreduce"
-    preflight_image: str = "regatta/trainer:latest"
-    health_conditions: dict = field(default_factory=lambda: dict(DEFAULT_HEALTH_CONDITIONS))
+    in_cluster: bool = setting(False, "use the pod's service account")
+    kubeconfig: str = setting("", "path of a kubeconfig file")
+    context: str = setting("", "kubeconfig context")
+    api_url: str = setting("", "API server URL without auth (kubectl proxy)")
+    request_timeout_s: float = setting(30.0, "timeout of one API request", minimum=0)
+    service_account: str = setting("", "service account of the training pods")
+    image_pull_secrets: tuple[str, ...] = setting((), "image pull secret names")
+    nccl_env: dict[str, str] = setting({}, "NCCL_* variables for every rank")
+    checkpoint_pvc: str = setting("", "PVC mounted for file checkpoints")
+    checkpoint_mount_path: str = setting("/checkpoints", "where the PVC is mounted")
+    shm_size: str = setting("", "size of /dev/shm, e.g. 64Gi")
+    gang_scheduler: str = setting("", "volcano or kueue", choices=GANG_SCHEDULERS)
+    queue: str = setting("", "Volcano queue or Kueue LocalQueue")
+    priority_class: str = setting("", "PriorityClass of the training pods")
+    # Goes into an integer pod field (terminationGracePeriodSeconds), which the
+    # API server rejects as a float.
+    termination_grace_s: int = setting(120, "pods' termination grace, seconds", minimum=0)
+    delete_propagation: str = setting("Foreground", "how a PyTorchJob is deleted",
+                                      choices=PROPAGATION)
+    preflight: str = setting("allreduce", "allreduce or dcgm-labels", choices=PREFLIGHT_MODES,
+                             normalize=_mode)
+    preflight_image: str = setting("regatta/trainer:latest", "image of the preflight pods")
+    health_conditions: dict[str, str] = setting(
+        DEFAULT_HEALTH_CONDITIONS, "Node conditions with the value that means healthy")
     # Node labels a health checker sets, with the value that means healthy.
-    health_labels: dict = field(default_factory=dict)
-    # Shared with the AWS adapter and checkpoint storage; handed to the ranks
-    # when checkpoints go to S3.
-    region: str = ""
-    s3_endpoint_url: str = ""
+    health_labels: dict[str, str] = setting({}, "Node labels with the value that means healthy")
+    # Shared with the AWS adapter and checkpoint storage (clusters/settings.py
+    # reads them too); handed to the ranks when checkpoints go to S3.
+    region: str = setting("", "AWS region")
+    s3_endpoint_url: str = setting("", "S3 endpoint, e.g. a local moto server")
+    aws_profile: str = setting("", "AWS credentials profile for node replacement")
+    endpoint_url: str = setting("", "AWS API endpoint for node replacement")
 
     @classmethod
     def parse(cls, raw: dict[str, Any] | None) -> KubeSettings:
-        raw = dict(raw or {})
-        known = {f.name: f for f in fields(cls)}
-        values: dict[str, Any] = {}
-        for key, value in raw.items():
-            if key not in known:
-                # Keys for other adapters (AWS region, S3 endpoint) share the dict.
-                continue
-            default = known[key].default
-            if key == "preflight" and isinstance(value, bool):
-                # The job reconciler reads the same key as on/off (jobs/reconcile/
-                # common.py): false skips the check, true is the default mode.
-                value = PREFLIGHT_MODES[0]
-            elif isinstance(default, bool):
-                if not isinstance(value, bool):
-                    raise PermanentError(f"cluster setting {key!r} must be true or false")
-            elif isinstance(default, int):
-                # Goes into an integer pod field (terminationGracePeriodSeconds),
-                # which the API server rejects as a float.
-                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                    raise PermanentError(
-                        f"cluster setting {key!r} must be a whole number of seconds >= 0, "
-                        f"not {value!r}")
-            elif isinstance(default, float):
-                if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                    raise PermanentError(f"cluster setting {key!r} must be a number >= 0")
-            elif key in ("nccl_env", "health_conditions", "health_labels"):
-                value = _str_dict(key, value)
-            elif key == "image_pull_secrets":
-                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                    raise PermanentError(f"cluster setting {key!r} must be a list of names")
-                value = tuple(value)
-            elif not isinstance(value, str):
-                raise PermanentError(f"cluster setting {key!r} must be a string")
-            values[key] = value
-        settings = cls(**values)
-        settings._check_choices()
+        settings = parse(cls, raw)
+        if not settings.namespace:
+            raise SettingsError("cluster", {"namespace": "must not be empty"})
+        if settings.gang_scheduler and not settings.queue:
+            raise SettingsError("cluster", {"queue": f"is needed with {settings.gang_scheduler}"})
         return settings
 
-    def _check_choices(self) -> None:
-        for key, allowed in (("preflight", PREFLIGHT_MODES),
-                             ("gang_scheduler", GANG_SCHEDULERS),
-                             ("delete_propagation", PROPAGATION)):
-            if getattr(self, key) not in allowed:
-                raise PermanentError(
-                    f"cluster setting {key!r} is {getattr(self, key)!r}; one of {allowed}"
-                )
-        if not self.namespace:
-            raise PermanentError("cluster setting 'namespace' must not be empty")
-        if self.gang_scheduler and not self.queue:
-            raise PermanentError(f"cluster setting 'queue' is needed with {self.gang_scheduler}")
+
+@dataclass(frozen=True)
+class KubePoolSettings:
+    """A Kubernetes pool's own settings (docs/kubernetes.md, docs/aws.md)."""
+
+    asg_name: str = setting("", "the managed node group's Auto Scaling group")
+    node_autoscaler: str = setting("", "karpenter, or empty", choices=NODE_AUTOSCALERS)
+    efa_devices: int = setting(1, "EFA devices each rank's pod requests", minimum=0)
+    nccl_env: dict[str, str] = setting({}, "NCCL_* variables for this pool's ranks")
+    replace_timeout_s: float = setting(300.0, "wait for the ASG's new instance", minimum=0)
+    replace_poll_s: float = setting(5.0, "ASG polling period", minimum=0)
+    spot_queue_url: str = setting("", "SQS queue of EC2 spot interruption notices")
+    spot_foreign_visibility_s: int = setting(
+        20, "seconds another cluster's notice stays hidden", minimum=0)
+    spot_max_batches: int = setting(10, "SQS receive calls per pass", minimum=1)
 
 
-def _str_dict(key: str, value: Any) -> dict[str, str]:
-    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-        raise PermanentError(f"cluster setting {key!r} must be an object of strings")
-    return {k: str(v) for k, v in value.items()}
-
-
-def replace_mode(pool_name: str, pool_settings: dict) -> str:
+def replace_mode(pool_name: str, pool_settings: KubePoolSettings) -> str:
     """How a pool's node is replaced: "asg" (terminate the instance through
     its Auto Scaling group, then delete the Node) or "node-delete" (Karpenter
     terminates and replaces what it launched). Deleting the Node of an EKS
     managed node group does neither: its kubelet registers the same instance
     again, so a pool with neither setting cannot replace nodes at all."""
-    autoscaler = pool_settings.get("node_autoscaler", "")
-    if autoscaler not in NODE_AUTOSCALERS:
-        raise PermanentError(
-            f"pool {pool_name}: setting 'node_autoscaler' is {autoscaler!r}; one of "
-            f"{NODE_AUTOSCALERS}")
-    asg = pool_settings.get("asg_name")
+    autoscaler = pool_settings.node_autoscaler
+    asg = pool_settings.asg_name
     if asg and autoscaler:
         raise PermanentError(
             f"pool {pool_name}: 'asg_name' and 'node_autoscaler': {autoscaler!r} contradict; "

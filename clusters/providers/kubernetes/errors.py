@@ -9,6 +9,7 @@ read) is re-raised unchanged for the caller to judge.
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 from collections.abc import Iterator
 
@@ -70,8 +71,6 @@ def is_status(exc: BaseException, status: int) -> bool:
 
 def _message(exc: ApiException) -> str:
     # The API server explains itself in a Status object's "message".
-    import json
-
     try:
         return json.loads(exc.body or "{}").get("message", "") or (exc.body or "")[:300]
     except (ValueError, AttributeError):

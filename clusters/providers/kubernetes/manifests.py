@@ -126,7 +126,7 @@ def nccl_env(pool: PoolInfo, settings: KubeSettings) -> dict[str, str]:
     if pool.efa:
         env.update(EFA_ENV)
     env.update(settings.nccl_env)
-    env.update({k: str(v) for k, v in (pool.settings.get("nccl_env") or {}).items()})
+    env.update(pool.settings.nccl_env)
     return env
 
 
@@ -251,7 +251,7 @@ def _replica(pod: _PodParts, nodes: list[str], count: int) -> kf.KubeflowOrgV1Re
     pool: PoolInfo = pod.pool
     limits = {GPU: str(pod.gpus)}
     if pool.efa:
-        limits[EFA] = str(int(pool.settings.get("efa_devices", 1)))
+        limits[EFA] = str(pool.settings.efa_devices)
     container = k8s.V1Container(
         name=CONTAINER, image=pod.image, command=pod.command, env=pod.env,
         resources=k8s.V1ResourceRequirements(limits=limits, requests=dict(limits)),

@@ -4,4 +4,3 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 LAUNCHER = HERE / "launcher.py"
-PREFLIGHT_CHECK = HERE.parent / "preflight_check.py"

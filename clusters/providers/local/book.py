@@ -90,10 +90,3 @@ class NodeBook:
         }
         entry["nodes"][name] = node
         return node
-
-    @staticmethod
-    def find(data: dict, name: str) -> tuple[str, dict] | None:
-        for pool_name, entry in data["pools"].items():
-            if name in entry["nodes"]:
-                return pool_name, entry["nodes"][name]
-        return None

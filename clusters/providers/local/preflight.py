@@ -14,7 +14,6 @@ from pathlib import Path
 from ..base import NodeCheck, Placement, PreflightResult, preflight_evidence
 from . import procs
 from .attempts import free_port, torchrun_argv
-from .base_paths import PREFLIGHT_CHECK
 from .book import read_json
 from .environment import rank_environment
 
@@ -73,7 +72,7 @@ def run_preflight(fleet: Path, placements: tuple[Placement, ...], bad: set[str],
         })
         if placement.node in bad:
             env["REGATTA_PREFLIGHT_FAULT"] = "simulated hardware fault (operator fault injection)"
-        argv = torchrun_argv(python, len(ordered), i, 1, port, (str(PREFLIGHT_CHECK),))
+        argv = torchrun_argv(python, len(ordered), i, 1, port, ("-m", "regatta.preflight"))
         with open(run_dir / f"node-{i}.log", "ab") as log:
             children.append(subprocess.Popen(argv, env=env, cwd=run_dir, stdout=log,
                                              stderr=subprocess.STDOUT,

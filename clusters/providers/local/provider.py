@@ -7,9 +7,13 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from django.conf import settings as django_settings
+
 from controlplane.lib.errors import PermanentError
+from controlplane.lib.typed_settings import setting
 
 from ..base import (
     AttemptStatus,
@@ -17,6 +21,7 @@ from ..base import (
     HealthSignal,
     LaunchRequest,
     NodeInfo,
+    NoSettings,
     Placement,
     PoolInfo,
     PreflightResult,
@@ -26,8 +31,19 @@ from .base_paths import LAUNCHER
 from .book import NodeBook
 
 
+@dataclass(frozen=True)
+class LocalSettings:
+    """A local cluster's own settings."""
+
+    fleet_dir: str = setting("", "state folder of the logical nodes (default: "
+                             "REGATTA_LOCAL_FLEET_DIR)")
+    python: str = setting("", "interpreter that runs torchrun (default: this one)")
+
+
 class LocalProvider:
     kind = "local"
+    Settings = LocalSettings
+    PoolSettings = NoSettings
 
     def __init__(self, cluster: str, root: Path, python: str = sys.executable):
         self.cluster = cluster
@@ -36,12 +52,9 @@ class LocalProvider:
         self.book = NodeBook(self.root)
 
     @classmethod
-    def for_cluster(cls, cluster) -> LocalProvider:
-        from django.conf import settings
-
-        base = (cluster.settings or {}).get("fleet_dir") or settings.LOCAL_FLEET_DIR
-        return cls(cluster.name, Path(base) / cluster.name,
-                   python=(cluster.settings or {}).get("python") or sys.executable)
+    def for_cluster(cls, name: str, settings: LocalSettings) -> LocalProvider:
+        base = settings.fleet_dir or django_settings.LOCAL_FLEET_DIR
+        return cls(name, Path(base) / name, python=settings.python or sys.executable)
 
     # --- nodes ------------------------------------------------------------
     def _info(self, pool: PoolInfo, node: dict) -> NodeInfo:

@@ -11,8 +11,10 @@ import time
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from clusters.providers import get_provider
 from controlplane.embedded import start_redis
 from controlplane.env import parse_host_port
+from jobs.models import JobAttempt
 
 
 class Command(BaseCommand):
@@ -105,9 +107,6 @@ def stop_local_training(grace_s: float = 20.0) -> None:
     """Stop the ranks that the local provider started: they are detached so
     they outlive a worker restart, which means Ctrl-C must stop them itself.
     SIGTERM gives each an emergency checkpoint; the next start resumes."""
-    from clusters.providers import get_provider
-    from jobs.models import JobAttempt
-
     running = JobAttempt.objects.exclude(state__in=JobAttempt.ENDED).filter(
         job__cluster__provider="local"
     ).select_related("job__cluster")

@@ -27,23 +27,60 @@
     };
   }
 
-  function marks(data, layout) {
+  // Restart labels sit in a band above the plot. Labels that would touch are
+  // staggered over up to LABEL_ROWS rows; one that still finds no room is
+  // left out (its dashed line stays, and the label of its neighbour is near).
+  const LABEL_ROWS = 3, ROW_PX = 16, CHAR_PX = 6.2, LABEL_PAD_PX = 6;
+
+  function xSpan(data) {
+    let lo = Infinity, hi = -Infinity;
+    const seen = (x) => { if (x !== null && x !== undefined) { lo = Math.min(lo, x); hi = Math.max(hi, x); } };
+    for (const s of [data.loss, data.val_loss, data.throughput]) (s ? s.x : []).forEach(seen);
+    for (const m of (data.restarts || []).concat(data.checkpoints || [])) seen(m.step);
+    return lo <= hi ? [lo, hi] : [0, 1];
+  }
+
+  function placeLabels(restarts, span, widthPx) {
+    const ends = new Array(LABEL_ROWS).fill(-Infinity);
+    const placed = [];
+    const width = Math.max(1, span[1] - span[0]);
+    for (const r of restarts.slice().sort((a, b) => a.step - b.step)) {
+      const x = ((r.step - span[0]) / width) * widthPx;
+      const half = (r.label.length * CHAR_PX) / 2 + LABEL_PAD_PX;
+      const row = ends.findIndex((end) => x - half > end);
+      if (row < 0) continue;
+      ends[row] = x + half;
+      placed.push({ mark: r, row: row });
+    }
+    return placed;
+  }
+
+  function marks(data, layout, divId) {
     for (const c of data.checkpoints || []) {
       layout.shapes.push({
         type: "line", x0: c.step, x1: c.step, yref: "paper", y0: 0, y1: 1, layer: "below",
         line: { color: c.emergency ? C.ckptEmergency : C.ckpt, width: 1.2, dash: "dot" }, opacity: 0.7,
       });
     }
-    for (const r of data.restarts || []) {
+    const restarts = data.restarts || [];
+    for (const r of restarts) {
       layout.shapes.push({
         type: "line", x0: r.step, x1: r.step, yref: "paper", y0: 0, y1: 1,
         line: { color: C.restart, width: 2, dash: "dash" },
       });
+    }
+    const div = document.getElementById(divId);
+    const widthPx = Math.max(100, (div ? div.clientWidth : 600) - layout.margin.l - layout.margin.r);
+    let rows = 0;
+    for (const p of placeLabels(restarts, xSpan(data), widthPx)) {
+      rows = Math.max(rows, p.row + 1);
       layout.annotations.push({
-        x: r.step, yref: "paper", y: 1, yanchor: "bottom", text: r.label,
-        showarrow: false, font: { color: C.restart, size: 10 },
+        x: p.mark.step, yref: "paper", y: 1, yanchor: "bottom", yshift: p.row * ROW_PX,
+        text: p.mark.label, showarrow: false, font: { color: C.restart, size: 10 },
+        hovertext: "restart: " + p.mark.label + " resumed from step " + p.mark.step,
       });
     }
+    layout.margin.t += Math.max(0, rows - 1) * ROW_PX;
   }
 
   // Legend entries for the marks, which are shapes and have none of their own.
@@ -70,7 +107,7 @@
 
   function drawLoss(data) {
     const layout = baseLayout("loss");
-    marks(data, layout);
+    marks(data, layout, "chart-loss");
     emptyNote(layout, [data.loss, data.val_loss]);
     const traces = [line(data.loss, "loss", C.loss)];
     if (data.val_loss.x.length) {
@@ -86,7 +123,7 @@
     const t = data.throughput;
     const label = t.name === "samples_per_s" ? "samples/s" : "tokens/s";
     const layout = baseLayout(label);
-    marks(data, layout);
+    marks(data, layout, "chart-throughput");
     emptyNote(layout, [t]);
     Plotly.react("chart-throughput", [line(t, label, C.tput)].concat(markLegend(data)), layout, CONFIG);
   }

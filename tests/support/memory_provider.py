@@ -1,7 +1,9 @@
 """An in-memory provider: a fleet that lives in this process.
 
-It backs the unit tests of the reconcilers and the scale benchmark, where no
-process can or should be started. Tests drive it like a fleet would behave:
+It backs the unit tests of the reconcilers and the scale benchmarks, where no
+process can or should be started; it is not part of the product, and is
+registered as provider kind "memory" by the test suite (tests/conftest.py)
+and the benchmarks that use it (`register()`). Tests drive it like a fleet would behave:
 `exit_node` (a rank exited or was killed), `finish` (every rank exited 0),
 `signal` (an XID, a spot notice), `fail_preflight` (a node fails its check).
 State is per cluster name and shared by every instance in the process, as a
@@ -14,20 +16,33 @@ import itertools
 import threading
 from dataclasses import dataclass, field, replace
 
-from controlplane.lib.errors import PermanentError
-
-from .base import (
+from clusters.providers import registry
+from clusters.providers.base import (
     AttemptStatus,
     HealthSignal,
     LaunchRequest,
     NodeCheck,
     NodeInfo,
     NodeProcess,
+    NoSettings,
     Placement,
     PoolInfo,
     PreflightResult,
     preflight_evidence,
 )
+from controlplane.lib.errors import PermanentError
+from controlplane.lib.typed_settings import setting
+
+KIND = "memory"
+
+
+def register() -> None:
+    registry.register(KIND, MemoryProvider)
+
+
+@dataclass(frozen=True)
+class MemoryPoolSettings:
+    fixed_size: bool = setting(False, "the pool cannot grow (no spares can be added)")
 
 
 @dataclass
@@ -62,15 +77,17 @@ def fleet(cluster_name: str) -> _Fleet:
 
 
 class MemoryProvider:
-    kind = "memory"
+    kind = KIND
+    Settings = NoSettings
+    PoolSettings = MemoryPoolSettings
 
     def __init__(self, cluster_name: str):
         self.cluster_name = cluster_name
         self.fleet = fleet(cluster_name)
 
     @classmethod
-    def for_cluster(cls, cluster) -> MemoryProvider:
-        return cls(cluster.name)
+    def for_cluster(cls, name: str, settings=None) -> MemoryProvider:
+        return cls(name)
 
     # --- what tests and benchmarks set up ------------------------------------
     def add_nodes(self, pool: PoolInfo, count: int, prefix: str | None = None) -> list[NodeInfo]:
@@ -127,7 +144,7 @@ class MemoryProvider:
             return list(self._pool_nodes(pool).values())
 
     def provision_node(self, pool: PoolInfo, name: str) -> NodeInfo:
-        if pool.settings.get("fixed_size"):
+        if pool.settings.fixed_size:
             # Like a Kubernetes pool with no Auto Scaling group behind it.
             raise PermanentError(f"pool {pool.name} cannot grow: it has a fixed size")
         with _LOCK:

@@ -1,37 +1,18 @@
-"""Who may see and act on what.
+"""Who may do what, as far as people and workers go.
 
-A team member sees only the team's jobs; operators (staff) see everything.
-Another team's job is not hidden behind a 403 but simply not found (404), so
-its existence does not leak.
+Which team's objects a person sees is the owning app's (jobs/visibility.py);
+these are the checks every API view shares.
 """
 
 from rest_framework import permissions
-
-from .models import Team, TrainingJob
 
 
 def is_operator(user) -> bool:
     return bool(user and user.is_authenticated and (user.is_staff or user.is_superuser))
 
 
-def visible_teams(user):
-    if not (user and user.is_authenticated and user.pk):
-        return Team.objects.none()
-    if is_operator(user):
-        return Team.objects.all()
-    return Team.objects.filter(members=user)
-
-
-def visible_jobs(user):
-    jobs = TrainingJob.objects.select_related("team", "cluster", "pool")
-    if not (user and user.is_authenticated and user.pk):
-        return jobs.none()
-    if is_operator(user):
-        return jobs
-    return jobs.filter(team__in=Team.objects.filter(members=user).values("pk"))
-
-
 def actor_for(user) -> str:
+    """How a person is named on timelines."""
     return f"user:{user.get_username()}"
 
 

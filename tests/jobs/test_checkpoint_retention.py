@@ -1,4 +1,5 @@
-"""Retention on the control plane's side, the one owner of deletion while a
+"""Retention on the control plane's side (jobs/checkpointing.py over
+checkpoints/storage.py), the one owner of deletion while a
 trainer reports to it: real checkpoint folders on the filesystem (the S3
 side is in test_s3_storage.py), rows as the worker API leaves them."""
 
@@ -8,9 +9,11 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
-from checkpoints import tasks
 from checkpoints.models import Checkpoint
-from checkpoints.storage import apply_retention, retention_plan
+from checkpoints.storage import retention_plan
+from jobs import tasks
+from jobs.checkpointing import protected_steps
+from jobs.checkpointing import prune as apply_retention
 from jobs.models import JobAttempt, TrainingJob
 from tests.fleet_helpers import memory_cluster, submit, team_with_quota, write_checkpoint
 
@@ -36,7 +39,7 @@ def test_it_keeps_the_checkpoint_a_restart_request_resolves_to(job):
     # No checkpoint at 250: the restart resumes from the newest one below it.
     job.request_restart(250, "user:olivia")
 
-    assert apply_retention(job) == [100, 300]
+    assert apply_retention(job, timezone.now()) == [100, 300]
     assert states(job) == {100: "deleted", 200: "committed", 300: "deleted", 400: "committed"}
     assert folder(rows[200]).is_dir() and not folder(rows[100]).exists()
 
@@ -49,7 +52,7 @@ def test_it_keeps_the_resume_point_of_an_attempt_still_starting(job):
     JobAttempt.objects.create(job=job, number=0, state=JobAttempt.State.FAILED,
                               resume_step=200)
 
-    keep, delete = retention_plan(job)
+    keep, delete = retention_plan(job, protected_steps(job))
     assert sorted(c.step for c in keep) == [100, 300]
     assert [c.step for c in delete] == [200]
 
@@ -58,7 +61,7 @@ def test_it_never_deletes_the_newest_verified_one_however_old(job):
     rows = {step: write_checkpoint(job, step) for step in (5, 10, 15, 20)}
     Checkpoint.objects.filter(pk=rows[5].pk).update(state=Checkpoint.State.VERIFIED)
 
-    assert apply_retention(job) == [10, 15]
+    assert apply_retention(job, timezone.now()) == [10, 15]
     assert folder(rows[5]).is_dir() and folder(rows[20]).is_dir()
     assert not folder(rows[10]).exists() and not folder(rows[15]).exists()
 
@@ -93,10 +96,10 @@ def test_a_checkpoint_row_is_deleted_only_with_its_files(job):
 
     gone = Checkpoint.objects.get(pk=rows[5].pk)
     assert gone.state == Checkpoint.State.DELETED and not folder(gone).exists()
-    assert apply_retention(job) == []  # a second pass changes nothing
+    assert apply_retention(job, timezone.now()) == []  # a second pass changes nothing
 
 
 def test_the_retention_sweep_is_on_the_beat_schedule_with_an_expiry():
     entries = [e for e in settings.CELERY_BEAT_SCHEDULE.values()
-               if e["task"] == "checkpoints.tasks.sweep_retention"]
+               if e["task"] == "jobs.tasks.sweep_retention"]
     assert len(entries) == 1 and entries[0]["options"]["expires"] > 0

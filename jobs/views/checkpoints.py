@@ -3,11 +3,12 @@
 import django_filters
 from rest_framework import generics
 
-from jobs.permissions import IsPerson, visible_jobs
-from jobs.views.base import JobScopedMixin
+from accounts.permissions import IsPerson
+from checkpoints.models import Checkpoint, ModelArtifact
+from checkpoints.serializers import CheckpointSerializer, ModelArtifactSerializer
 
-from .models import Checkpoint, ModelArtifact
-from .serializers import CheckpointSerializer, ModelArtifactSerializer
+from ..visibility import visible_jobs
+from .base import JobScopedMixin
 
 
 class JobCheckpointListView(JobScopedMixin, generics.ListAPIView):

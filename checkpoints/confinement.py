@@ -1,0 +1,120 @@
+"""Where a job's checkpoints may live, and which checkpoint URIs a worker may
+report.
+
+The deployment declares storage roots (REGATTA_STORAGE_ROOTS: absolute paths
+and s3://bucket/prefix; by default the checkpoint root under the state
+folder). A cluster may narrow them with a `storage_roots` list in its
+settings, never widen them: `allowed_roots(cluster)` is the one place that
+reads it. A job's storage is `<root>/<team>/<something>`: under a root and
+inside its own team's folder, so no team can read, overwrite or have
+retention delete another team's checkpoints.
+
+Paths are canonicalised before they are compared (`..` resolved, `//`
+collapsed) and a path that passes through a symlink below the root is
+refused, since the link could point anywhere. S3 keys are literal, so a `.`
+or `..` segment in one is refused rather than resolved. The symlink check
+looks at the filesystem when the job is submitted; a link made later, by
+someone who can write inside the team's folder, is not seen.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from pathlib import PurePosixPath
+
+from django.conf import settings
+
+from controlplane.env import parse_storage_root
+from controlplane.lib.typed_settings import SettingsError
+
+
+class OutsideRoots(ValueError):
+    """A storage URI this job may not use; the message says why."""
+
+
+def deployment_roots() -> list[str]:
+    return list(settings.STORAGE_ROOTS) or [parse_storage_root(str(settings.CHECKPOINT_ROOT))]
+
+
+def allowed_roots(cluster) -> list[str]:
+    """The roots jobs on `cluster` may use: the deployment's, or the subset
+    the cluster's `storage_roots` setting names (each under a deployment
+    root). The first is where jobs that name no storage get theirs."""
+    roots = deployment_roots()
+    try:  # the typed cluster settings (clusters/settings.py) check it is a list of strings
+        declared = cluster.config.storage_roots
+    except SettingsError as exc:
+        raise OutsideRoots(f"cluster {cluster.name}: {exc}") from None
+    if declared is None:
+        return roots
+    if not declared:
+        raise OutsideRoots(f"cluster {cluster.name}'s storage_roots setting must be a "
+                           "non-empty list of paths or s3:// URIs.")
+    narrowed = []
+    for raw in declared:
+        try:
+            root = parse_storage_root(raw)
+        except ValueError as exc:
+            raise OutsideRoots(f"cluster {cluster.name}'s storage root {exc}") from None
+        if not any(_within(root, outer, strict=False) for outer in roots):
+            raise OutsideRoots(f"cluster {cluster.name}'s storage root {root} is not under "
+                               f"any of the deployment's ({', '.join(roots)}).")
+        narrowed.append(root)
+    return narrowed
+
+
+def default_storage_uri(team_name: str, job_id: int, cluster) -> str:
+    return f"{allowed_roots(cluster)[0]}/{team_name}/job-{job_id}"
+
+
+def confine(uri: str, team_name: str, cluster) -> str:
+    """The canonical form of `uri` if a job of `team_name` on `cluster` may
+    keep its checkpoints there; raises OutsideRoots with the reason if not."""
+    try:
+        canonical = parse_storage_root(uri)
+    except ValueError as exc:
+        raise OutsideRoots(f"The storage URI {exc}.") from None
+    roots = allowed_roots(cluster)
+    for root in roots:
+        team_folder = f"{root}/{team_name}"
+        if _within(canonical, team_folder, strict=True):
+            if not canonical.startswith("s3://"):
+                _refuse_symlinks(root, canonical)
+            return canonical
+    places = ", ".join(f"{root}/{team_name}/…" for root in roots)
+    raise OutsideRoots(f"{canonical} is not inside your team's storage: use a folder under "
+                       f"{places}.")
+
+
+def _within(path: str, folder: str, *, strict: bool) -> bool:
+    if path == folder:
+        return not strict
+    return path.startswith(folder.rstrip("/") + "/")
+
+
+def _refuse_symlinks(root: str, path: str) -> None:
+    """No existing component between the root and `path` may be a symlink."""
+    current = root
+    for part in PurePosixPath(posixpath.relpath(path, root)).parts:
+        current = posixpath.join(current, part)
+        if os.path.islink(current):
+            raise OutsideRoots(f"{current} is a symbolic link; give the real folder instead.")
+        if not os.path.exists(current):
+            return
+
+
+def reported_step_uri_ok(storage_uri: str, step: int, uri: str) -> bool:
+    """Whether a worker's checkpoint `uri` is exactly its job's `step-<step>`
+    folder, spelled as the trainer's storage spells it: `file://<path>` or
+    the plain path for a filesystem, `s3://bucket/prefix` for S3 (see
+    worker_image/trainer/storage.py, `step_uri`)."""
+    if storage_uri.startswith("s3://"):
+        bucket, _, prefix = storage_uri[len("s3://"):].partition("/")
+        base = f"s3://{bucket}/{prefix.strip('/')}" if prefix.strip("/") else f"s3://{bucket}"
+        return uri == f"{base}/step-{step}"
+    path = storage_uri[len("file://"):] if storage_uri.startswith("file://") else storage_uri
+    # As LocalStorage spells its root: Path(root).absolute() collapses // and
+    # a trailing slash and leaves the rest as it was.
+    base = str(PurePosixPath(path))
+    return uri in (f"{base}/step-{step}", f"file://{base}/step-{step}")

@@ -1,0 +1,320 @@
+"""Detect and classify an attempt's failure.
+
+Detect: a rank exited (the provider's observation), a critical health event
+on one of the attempt's nodes, heartbeats missed past the deadline (a hang).
+Classify: each ended node gets a class of its own (`node_class`, a pure
+function of what its ranks left behind); the attempt's root cause is the
+highest of them by `PRECEDENCE`: code error > a node killed or lost
+(hardware) > preempted > transient. A node whose ranks were killed while
+the others then failed with exit 84 is one hardware failure of that node:
+the 84s are its collateral.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from clusters.models import NodeHealthEvent
+
+from ..models import FailureClass, JobAttempt, JobEvent, RankStatus
+from .common import Ctx
+
+CODE_EXITS = frozenset({1, 85})
+CONFIG_EXIT = 85
+PREEMPTED_EXIT = 83
+TRANSIENT_EXIT = 84
+
+# A node's class, from what its processes left behind. KILLED is a node
+# whose ranks did not end by themselves: the hardware class of the attempt.
+CODE, KILLED, PREEMPTED, TRANSIENT = "code", "killed", "preempted", "transient"
+# Root cause first: the first class any node has is the attempt's.
+PRECEDENCE = (CODE, KILLED, PREEMPTED, TRANSIENT)
+
+
+@dataclass
+class Failure:
+    cls: str
+    reason: str
+    nodes: list[str] = field(default_factory=list)
+    evidence: dict = field(default_factory=dict)
+    exit_code: int | None = None
+    failed_at: datetime | None = None
+    hang_s: float = 0.0
+    health_event_ids: list[int] = field(default_factory=list)
+    replace: bool = True  # retire the bad nodes (a drain by an operator keeps them)
+
+
+@dataclass(frozen=True)
+class Detection:
+    """What a look at a running attempt found: a failure, nothing, or a
+    failure whose root cause may still show up (wait, then look again)."""
+
+    failure: Failure | None = None
+    wait_for_root_cause: bool = False
+
+
+def node_class(proc, ranks_per_node: int) -> str | None:
+    """The class of one ended node process, or None if it ended cleanly."""
+    if proc.signal is not None or (proc.exit_code is not None and proc.exit_code < 0):
+        return KILLED
+    codes = {r.get("exit_code") for r in proc.ranks}
+    classes = {r.get("failure_class") for r in proc.ranks}
+    failed = proc.exit_code not in (0, None)
+    if codes & CODE_EXITS:
+        return CODE
+    if failed and len(proc.ranks) < ranks_per_node:
+        # A rank of this node left no exit record beside its peers': it was
+        # killed, and whatever its peers then exited with is collateral.
+        return KILLED
+    if "code" in classes or proc.exit_code == CONFIG_EXIT:
+        return CODE
+    if PREEMPTED_EXIT in codes or proc.exit_code == PREEMPTED_EXIT or "preempted" in classes:
+        return PREEMPTED
+    if TRANSIENT_EXIT in codes or proc.exit_code == TRANSIENT_EXIT or "transient" in classes:
+        return TRANSIENT
+    # The launcher failed and no rank wrote its exit record: the ranks did
+    # not end by themselves, they were killed.
+    return KILLED if failed else None
+
+
+def group_by_class(procs, ranks_per_node: int) -> dict[str, list]:
+    groups: dict[str, list] = {cls: [] for cls in PRECEDENCE}
+    for proc in procs:
+        cls = node_class(proc, ranks_per_node)
+        if cls is not None:
+            groups[cls].append(proc)
+    return groups
+
+
+def root_cause(groups: dict[str, list], crashed_with_code: list[JobEvent],
+               status) -> Failure | None:
+    """The attempt's failure from its nodes' classes (and code errors the
+    trainer reported in a `crashed` event), by PRECEDENCE."""
+    if groups[CODE] or crashed_with_code:
+        return _code_failure(groups[CODE], crashed_with_code)
+    if groups[KILLED]:
+        return _killed_failure(groups)
+    if groups[PREEMPTED]:
+        procs = groups[PREEMPTED]
+        return Failure(FailureClass.PREEMPTED, "ranks stopped after an emergency checkpoint",
+                       nodes=[p.node for p in procs], exit_code=PREEMPTED_EXIT,
+                       evidence=_evidence(procs), replace=False)
+    if groups[TRANSIENT]:
+        procs = groups[TRANSIENT]
+        return Failure(FailureClass.TRANSIENT, "a collective or rendezvous failed",
+                       nodes=[p.node for p in procs], exit_code=TRANSIENT_EXIT,
+                       evidence=_evidence(procs), replace=False)
+    if status.state == "failed":
+        return Failure(FailureClass.TRANSIENT, status.message or "the attempt failed",
+                       evidence={"message": status.message}, replace=False)
+    return None
+
+
+def _code_failure(procs, crashed: list[JobEvent]) -> Failure:
+    detail = _first_error(procs) or (crashed[0].message if crashed else "")
+    return Failure(FailureClass.CODE, f"the training program failed: {detail}".strip(),
+                   nodes=[p.node for p in procs], exit_code=_exit(procs) or 1,
+                   evidence={**_evidence(procs), "crash_events": [e.id for e in crashed]},
+                   replace=False)
+
+
+def _killed_failure(groups: dict[str, list]) -> Failure:
+    killed = groups[KILLED]
+    names = [p.node for p in killed]
+    collateral = [p.node for p in groups[TRANSIENT] + groups[PREEMPTED]]
+    return Failure(FailureClass.HARDWARE,
+                   f"ranks on {', '.join(names)} were killed or lost "
+                   f"(signal {killed[0].signal}, exit {killed[0].exit_code})",
+                   nodes=names, exit_code=_exit(killed),
+                   evidence={**_evidence(killed), "collateral": collateral})
+
+
+def classify_exits(ctx: Ctx, attempt: JobAttempt, status) -> Failure | None:
+    ended = [n for n in status.nodes if not n.running]
+    groups = group_by_class(ended, ctx.job.gpus_per_node)
+    crashed = JobEvent.objects.filter(job=ctx.job, attempt=attempt, kind="TrainerCrashed")
+    with_code = [e for e in crashed if _crash_class(e) == "code"]
+    return root_cause(groups, with_code, status)
+
+
+def _crash_class(event) -> str | None:
+    ev = event.evidence or {}
+    return ev.get("failure_class") or (ev.get("data") or {}).get("failure_class")
+
+
+def _exit(procs) -> int | None:
+    for p in procs:
+        if p.signal is not None:
+            return -p.signal
+        if p.exit_code is not None:
+            return p.exit_code
+    return None
+
+
+def _first_error(procs) -> str:
+    errors = (str(r["error"]) for p in procs for r in p.ranks if r.get("error"))
+    return next(errors, "")[:300]
+
+
+def _evidence(procs) -> dict:
+    return {"nodes": [_proc_evidence(p) for p in procs]}
+
+
+def _proc_evidence(p) -> dict:
+    return {"node": p.node, "exit_code": p.exit_code, "signal": p.signal,
+            "ranks": list(p.ranks)[:16], "log_tail": (p.log_tail or "")[-2000:]}
+
+
+def health_failure(ctx: Ctx, attempt: JobAttempt) -> Failure | None:
+    node_ids = list(attempt.placements.values_list("node_id", flat=True))
+    events = list(
+        NodeHealthEvent.objects.filter(
+            node_id__in=node_ids, handled_at__isnull=True,
+            severity=NodeHealthEvent.Severity.CRITICAL,
+        ).exclude(kind=NodeHealthEvent.Kind.SPOT_NOTICE).select_related("node")
+    )
+    if not events:
+        return None
+    names = sorted({e.node.name for e in events})
+    return Failure(
+        FailureClass.HARDWARE,
+        f"critical health events on {', '.join(names)}: "
+        + "; ".join(f"{e.kind} {e.message}" for e in events)[:400],
+        nodes=names, health_event_ids=[e.id for e in events],
+        evidence={"health_events": [health_evidence(e) for e in events]},
+    )
+
+
+def health_evidence(event: NodeHealthEvent) -> dict:
+    return {"id": event.id, "node": event.node.name, "kind": event.kind,
+            "message": event.message, "evidence": event.evidence}
+
+
+def expects_heartbeats(job, ranks) -> bool:
+    """The built-in trainer always reports; a program of the job's own is
+    watched by its processes' liveness until its first heartbeat, then held
+    to the deadlines like the trainer (docs/byo.md)."""
+    return not job.entrypoint or bool(ranks)
+
+
+def hang_failure(ctx: Ctx, attempt: JobAttempt) -> Failure | None:
+    ranks = list(RankStatus.objects.filter(attempt=attempt))
+    if not expects_heartbeats(ctx.job, ranks):
+        return None
+    return _silence(ctx, attempt, ranks) or _no_first_step(ctx, attempt, ranks)
+
+
+def _silence(ctx: Ctx, attempt: JobAttempt, ranks) -> Failure | None:
+    """Ranks whose heartbeats stopped, or that were never heard from within
+    `first_heartbeat_deadline_s` of the launch."""
+    deadline = ctx.config.heartbeat_deadline
+    now = ctx.now
+    silent = [r for r in ranks if (now - r.last_heartbeat_at).total_seconds() > deadline]
+    missing = _never_reported(ctx, attempt, ranks)
+    if not silent and not missing:
+        return None
+    last = min((r.last_heartbeat_at for r in silent), default=attempt.started_at)
+    world = ctx.job.world_size
+    # Every rank silent points at the control plane's side, not at a node:
+    # restart, but take no node out of service on that evidence.
+    everyone = len(silent) + len(missing) >= world
+    startup = ctx.config.first_heartbeat_deadline_s
+    parts = []
+    if silent:
+        parts.append(f"no heartbeat from ranks {sorted(r.rank for r in silent)} for more than "
+                     f"{deadline:g}s")
+    if missing:
+        parts.append(f"start-up: no heartbeat from ranks {missing} within {startup:g}s of the "
+                     "launch")
+    return Failure(
+        FailureClass.HANG, "; ".join(parts),
+        nodes=[] if everyone else _hung_nodes(ctx, attempt, silent, missing),
+        evidence={"deadline_s": deadline, "first_heartbeat_deadline_s": startup,
+                  "silent": [{"rank": r.rank, "node": r.node_name, "step": r.step,
+                              "last_heartbeat_at": r.last_heartbeat_at.isoformat()}
+                             for r in silent],
+                  "never_reported": missing},
+        failed_at=last, hang_s=max(0.0, (now - last).total_seconds()),
+    )
+
+
+def _never_reported(ctx: Ctx, attempt: JobAttempt, ranks) -> list[int]:
+    """Ranks with no heartbeat at all, once the first-heartbeat deadline passed."""
+    world = ctx.job.world_size
+    if attempt.started_at is None or len(ranks) >= world:
+        return []
+    waited = (ctx.now - attempt.started_at).total_seconds()
+    if waited <= ctx.config.first_heartbeat_deadline_s:
+        return []
+    seen = {r.rank for r in ranks}
+    return [r for r in range(world) if r not in seen]
+
+
+def _no_first_step(ctx: Ctx, attempt: JobAttempt, ranks) -> Failure | None:
+    """Every rank reports, yet no step came within `first_step_deadline_s`: a
+    start-up stuck in compilation, a collective's set-up or data loading."""
+    if attempt.first_step_at is not None or attempt.last_step > 0:
+        return None
+    reporting = ctx.condition(ALL_REPORTING)
+    if reporting is None or reporting.get("attempt") != attempt.id:
+        return None
+    since = datetime.fromtimestamp(reporting["at"], tz=ctx.now.tzinfo)
+    waited = (ctx.now - since).total_seconds()
+    limit = ctx.config.first_step_deadline_s
+    if waited <= limit:
+        return None
+    return Failure(
+        FailureClass.HANG,
+        f"start-up: no first step within {limit:g}s of every rank reporting",
+        nodes=[],  # every rank is alive and waiting: no node to blame
+        evidence={"first_step_deadline_s": limit, "reporting_since": since.isoformat(),
+                  "ranks": len(ranks)},
+        failed_at=since, hang_s=waited,
+    )
+
+
+# The condition the job reconcile keeps once every rank of an attempt reported.
+ALL_REPORTING = "RanksReporting"
+
+
+def _hung_nodes(ctx: Ctx, attempt: JobAttempt, silent, missing) -> list[str]:
+    placements = {p.node_rank: p.node.name for p in attempt.placements.select_related("node")}
+    names = set(placements.values())
+    per_node = ctx.job.gpus_per_node
+    bad = {r.node_name if r.node_name in names else placements.get(r.rank // per_node)
+           for r in silent}
+    bad |= {placements.get(rank // per_node) for rank in missing}
+    bad.discard(None)
+    return sorted(bad)
+
+
+def detect(ctx: Ctx, attempt: JobAttempt, status) -> Detection:
+    failure = classify_exits(ctx, attempt, status)
+    if failure is not None and failure.cls == FailureClass.TRANSIENT:
+        return _settle_transient(ctx, attempt, status, failure)
+    if failure is not None:
+        return Detection(failure)
+    if status.state == "succeeded":
+        # Every rank exited 0: silent heartbeats since then are the ranks
+        # having finished, however late this pass comes, not a hang.
+        return Detection()
+    return Detection(health_failure(ctx, attempt) or hang_failure(ctx, attempt))
+
+
+def _settle_transient(ctx: Ctx, attempt: JobAttempt, status, failure: Failure) -> Detection:
+    """A peer that exits 84 may be seen before the rank that died and caused
+    it: wait `root_cause_grace_s` for the root cause while others still run;
+    silent peers by then are the cause, not a second failure."""
+    first_seen = ctx.condition("RootCauseWait")
+    if first_seen is None or first_seen.get("attempt") != attempt.id:
+        ctx.set_condition("RootCauseWait", attempt=attempt.id, at=ctx.now.timestamp())
+        first_seen = ctx.condition("RootCauseWait")
+    waited = ctx.now.timestamp() - first_seen["at"]
+    still_running = any(n.running for n in status.nodes)
+    if still_running and waited < ctx.config.root_cause_grace_s:
+        return Detection(wait_for_root_cause=True)
+    hang = hang_failure(ctx, attempt)
+    if hang is not None and hang.nodes:
+        return Detection(hang)
+    return Detection(failure)
