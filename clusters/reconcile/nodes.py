@@ -19,16 +19,21 @@ def sync_pool(pool, provider, info, now) -> None:
         row = rows.get(name)
         if row is None:
             is_spare = working >= pool.size
-            working += 0 if is_spare else 1
-            row = Node.objects.create(
-                cluster_id=pool.cluster_id, pool=pool, name=name, provider_id=seen.provider_id,
-                address=seen.address, gpus=seen.gpus, labels=seen.labels, is_spare=is_spare,
-                state=Node.State.PROVISIONING, created_at=now,
+            # A job's pass replacing a node records the provider's new machine
+            # itself and may do so between our listing and here: its row wins.
+            row, created = Node.objects.get_or_create(
+                cluster_id=pool.cluster_id, name=name,
+                defaults={"pool": pool, "provider_id": seen.provider_id,
+                          "address": seen.address, "gpus": seen.gpus, "labels": seen.labels,
+                          "is_spare": is_spare, "state": Node.State.PROVISIONING,
+                          "created_at": now},
             )
-            NodeEvent.objects.create(
-                node=row, from_state="", to_state=Node.State.PROVISIONING, created_at=now,
-                reason="found at the provider" + (" (spare)" if is_spare else ""),
-            )
+            if created:
+                working += 0 if is_spare else 1
+                NodeEvent.objects.create(
+                    node=row, from_state="", to_state=Node.State.PROVISIONING, created_at=now,
+                    reason="found at the provider" + (" (spare)" if is_spare else ""),
+                )
         if row.state == Node.State.PROVISIONING and seen.ready:
             row.transition(Node.State.READY, reason="provider reports it ready", now=now)
         elif row.state == Node.State.READY and not seen.ready:
