@@ -24,6 +24,12 @@ SLEEP = float(os.environ.get("SDK_SLEEP", "0"))
 MODE = os.environ.get("SDK_MODE", "dcp")
 
 
+def say(line: str) -> None:
+    # One write per line: print() writes the text and the newline apart, so
+    # two ranks sharing the log could splice their lines.
+    os.write(1, (line + "\n").encode())
+
+
 def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 * step + rank)  # data position = the step
     x = torch.randn(8, 16, generator=g)
@@ -49,15 +55,15 @@ def main() -> None:
         time.sleep(SLEEP)
         run.log({"loss": loss.detach(), "lr": 1e-2}, step=step)
         if run.should_checkpoint(step) and step < STEPS:
-            print(f"rank {run.rank} step {step} save", flush=True)
+            say(f"rank {run.rank} step {step} save")
             save(run, step, state, model, emergency=False)
         if run.should_stop(step):
-            print(f"rank {run.rank} step {step} stop", flush=True)
+            say(f"rank {run.rank} step {step} stop")
             save(run, step, state, model, emergency=True)
             run.exit_preempted(step)
     save(run, STEPS, state, model, emergency=False, final=True)
     run.finish(STEPS)
-    print(f"rank {run.rank} finished", flush=True)
+    say(f"rank {run.rank} finished")
     run_exit()
 
 
