@@ -128,6 +128,10 @@ def fleet_env(live_server, settings, tmp_path):
     fleet.stop_everything()
 
 
+def _wake():
+    """A timer tick: the worker's event loop runs its pending acks."""
+
+
 @pytest.fixture
 def fleet(fleet_env):
     """The fleet with an in-process Celery worker (threads) and the sweeps."""
@@ -138,7 +142,14 @@ def fleet(fleet_env):
     from controlplane.celery import app
 
     with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False,
-                      shutdown_timeout=30.0, loglevel="WARNING"):
+                      shutdown_timeout=30.0, loglevel="WARNING") as worker:
+        # A thread pool acks through the worker's event loop (hub.call_soon),
+        # and nothing wakes that loop when a task ends: with its prefetch
+        # full it sleeps until its next timer, up to 10 s, so a queue with a
+        # backlog drains at a few tasks per 10 s and never catches up with
+        # the sweeps. Production workers run the prefork pool, whose result
+        # pipes wake the loop; a short timer does it here.
+        worker.hub.call_repeatedly(0.05, _wake)
         with Sweeper():
             yield fleet_env
     connection.close()
