@@ -77,6 +77,10 @@ def default_restart_budgets():
     return dict(DEFAULT_RESTART_BUDGETS)
 
 
+# The condition a job running a program that sends no heartbeats carries.
+NO_HEARTBEATS = "NoHeartbeats"
+
+
 class TrainingJob(models.Model):
     STATE_FIELD, STATE_KIND = "phase", "job"
     P = Phase
@@ -102,6 +106,13 @@ class TrainingJob(models.Model):
         STEPS = "steps", "Every N steps"
         AUTO = "auto", "Auto (Young/Daly)"
 
+    class Completion(models.TextChoices):
+        # What "done" means. A program of the job's own promises nothing but
+        # its exit codes unless it says so; the built-in trainer promises
+        # its final step's checkpoint.
+        EXIT = "exit", "All ranks exit 0"
+        CHECKPOINT = "checkpoint", "A verified checkpoint of the final step"
+
     # --- spec --------------------------------------------------------------
     name = models.CharField(max_length=100)
     team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="jobs")
@@ -115,6 +126,12 @@ class TrainingJob(models.Model):
     )
     image = models.CharField(max_length=300, default="regatta/trainer:latest")
     entrypoint = models.JSONField(default=list, blank=True, help_text="argv; empty: the trainer")
+    # A program of the job's own: its arguments after the entrypoint, and
+    # environment variables of its own (never the launch contract's names).
+    args = models.JSONField(default=list, blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    completion = models.CharField(max_length=12, choices=Completion.choices,
+                                  default=Completion.CHECKPOINT)
     num_nodes = models.PositiveIntegerField()
     gpus_per_node = models.PositiveIntegerField()
     strategy = models.CharField(max_length=8, choices=Strategy.choices, default=Strategy.DDP)
@@ -171,6 +188,13 @@ class TrainingJob(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.phase in self.TERMINAL
+
+    @property
+    def heartbeats_missing(self) -> bool:
+        """Running a program that sends no heartbeats (jobs/reconcile sets
+        the NoHeartbeats condition): it is watched by its processes alone."""
+        return self.phase == Phase.RUNNING and any(
+            c.get("type") == NO_HEARTBEATS for c in self.conditions or [])
 
     @property
     def effective_checkpoint_every(self) -> int:

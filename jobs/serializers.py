@@ -18,7 +18,8 @@ from .models import (
 from .scheduling import quota_usage
 
 SPEC_FIELDS = (
-    "name", "image", "entrypoint", "num_nodes", "gpus_per_node", "strategy", "hyperparameters",
+    "name", "image", "entrypoint", "args", "env", "completion", "num_nodes", "gpus_per_node",
+    "strategy", "hyperparameters",
     "checkpoint_policy", "checkpoint_every_steps", "keep_last", "restart_budgets", "priority",
     "spot_allowed", "storage_uri", "cancel_requested_at", "restart_from_step", "generation",
 )

@@ -5,6 +5,9 @@ be JSON numbers (not "2", not true), and a spec that could never be placed is
 refused before anything is written.
 """
 
+import json
+import re
+
 from django.db.models import Q
 from rest_framework import serializers
 
@@ -51,6 +54,11 @@ class JobSpecValidator(StrictSerializer):
     entrypoint = serializers.ListField(
         child=StrictCharField(max_length=1000, allow_blank=True), required=False, max_length=256
     )
+    args = serializers.ListField(
+        child=StrictCharField(max_length=4000, allow_blank=True), required=False, max_length=1024
+    )
+    env = serializers.DictField(required=False)
+    completion = serializers.ChoiceField(choices=TrainingJob.Completion.choices, required=False)
     hyperparameters = serializers.DictField(required=False)
     checkpoint_policy = serializers.ChoiceField(
         choices=TrainingJob.CheckpointPolicy.choices, required=False
@@ -66,6 +74,14 @@ class JobSpecValidator(StrictSerializer):
         if not isinstance(self.initial_data.get("strategy"), str):
             raise serializers.ValidationError("Must be a string.")
         return value
+
+    def validate_completion(self, value):
+        if not isinstance(self.initial_data.get("completion"), str):
+            raise serializers.ValidationError("Must be a string.")
+        return value
+
+    def validate_env(self, value):
+        return _program_env(value)
 
     def validate_checkpoint_policy(self, value):
         if not isinstance(self.initial_data.get("checkpoint_policy"), str):
@@ -102,6 +118,7 @@ class JobSpecValidator(StrictSerializer):
             attrs["pool"] = pool
             errors.update(_fits(pool, attrs))
         errors.update(_world_size(attrs))
+        errors.update(_program(attrs))
         errors.update(_hyperparameters(attrs))
         errors.update(_storage(attrs))
         if errors:
@@ -161,9 +178,62 @@ def _world_size(attrs) -> dict:
     ]}
 
 
+# The launch contract's names (torchrun's and Regatta's): a job's own env
+# must not shadow them, or its ranks would not find each other or report.
+RESERVED_ENV = frozenset({
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
+})
+RESERVED_ENV_PREFIXES = ("REGATTA_", "TORCHELASTIC_")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+MAX_ENV_VARS = 256
+MAX_ENV_VALUE = 32_768
+# A program's own hyperparameters go to its ranks as REGATTA_CONFIG, whole.
+MAX_PROGRAM_CONFIG_BYTES = 65_536
+
+
+def _program_env(value: dict) -> dict:
+    if len(value) > MAX_ENV_VARS:
+        raise serializers.ValidationError(f"At most {MAX_ENV_VARS} variables.")
+    problems = []
+    for name, text in value.items():
+        if not ENV_NAME.match(name):
+            problems.append(f"{name!r}: not a variable name (letters, digits, _).")
+        elif name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES):
+            problems.append(f"{name}: set by the launch (torchrun and Regatta); not yours to set.")
+        elif not isinstance(text, str):
+            problems.append(f"{name}: the value must be a string.")
+        elif len(text) > MAX_ENV_VALUE or "\x00" in text:
+            problems.append(f"{name}: at most {MAX_ENV_VALUE} characters, no NUL.")
+    if problems:
+        raise serializers.ValidationError(problems)
+    return value
+
+
+def _program(attrs) -> dict:
+    """Arguments belong to an entrypoint; what "done" means defaults by kind
+    (all ranks exit 0 for a program, the final checkpoint for the trainer)."""
+    if attrs.get("args") and not attrs.get("entrypoint"):
+        return {"args": ["Arguments go to an entrypoint; the built-in trainer takes "
+                         "hyperparameters."]}
+    if "completion" not in attrs:
+        attrs["completion"] = (TrainingJob.Completion.EXIT if attrs.get("entrypoint")
+                               else TrainingJob.Completion.CHECKPOINT)
+    return {}
+
+
 def _hyperparameters(attrs) -> dict:
     hyper = attrs.get("hyperparameters")
-    if hyper is None or TrainerConfig is None:
+    if hyper is None:
+        return {}
+    if attrs.get("entrypoint"):
+        # The program's own: any JSON object, checked for size only.
+        size = len(json.dumps(hyper, separators=(",", ":")))
+        if size > MAX_PROGRAM_CONFIG_BYTES:
+            return {"hyperparameters": [f"{size} bytes as JSON; at most "
+                                        f"{MAX_PROGRAM_CONFIG_BYTES}."]}
+        return {}
+    if TrainerConfig is None:
         return {}
     try:
         TrainerConfig.from_dict(hyper)

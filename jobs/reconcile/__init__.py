@@ -22,7 +22,7 @@ from controlplane.lib import runner
 from controlplane.lib.reconcile import Result
 
 from .. import checkpoint_interval, goodput, scheduling
-from ..models import JobAttempt, Phase, RankStatus, TrainingJob
+from ..models import NO_HEARTBEATS, JobAttempt, Phase, RankStatus, TrainingJob
 from . import failures, finish, launch, preempt
 from .common import Ctx
 from .detect import ALL_REPORTING, Failure, detect
@@ -147,7 +147,7 @@ def _watch(ctx: Ctx) -> Result:
     if attempt.state == JobAttempt.State.PREFLIGHT:
         return launch.start(ctx)
     status = ctx.provider.observe(attempt.provider_ref)
-    _progress(ctx, attempt)
+    _progress(ctx, attempt, status)
     if _person_asked_restart(ctx, attempt):
         return _relaunch_now(ctx, Result.after(0, "restart asked"))
     found = detect(ctx, attempt, status)
@@ -176,25 +176,59 @@ def _relaunch_now(ctx: Ctx, result: Result) -> Result:
     return result
 
 
-def _progress(ctx: Ctx, attempt: JobAttempt) -> None:
+def _progress(ctx: Ctx, attempt: JobAttempt, status) -> None:
     job, now = ctx.job, ctx.now
     attempt.refresh_from_db()
     _note_all_reporting(ctx, attempt)
     if attempt.last_step != job.current_step and attempt.last_step > 0:
         TrainingJob.objects.filter(pk=job.pk).update(current_step=attempt.last_step)
         job.current_step = attempt.last_step
-    if attempt.first_step_at is None and attempt.last_step == 0:
+    silent = _running_without_heartbeats(ctx, attempt, status)
+    if attempt.first_step_at is None and attempt.last_step == 0 and not silent:
         return
     if attempt.state == JobAttempt.State.STARTING:
         attempt.first_step_seen(now)
     if job.phase == Phase.STARTING:
+        message = (f"attempt {attempt.number}: every process alive; no heartbeats "
+                   "(the program does not report), watched by its processes" if silent
+                   else f"first step of attempt {attempt.number}")
         job.transition(Phase.RUNNING, reason="Running", attempt=attempt, now=now,
-                       message=f"first step of attempt {attempt.number}",
-                       evidence={"step": attempt.last_step})
+                       message=message,
+                       evidence={"step": attempt.last_step, "heartbeats": not silent})
         previous = (JobAttempt.objects.filter(job=job, number__lt=attempt.number)
                     .order_by("-number").first())
         goodput.book_restart(job, previous, attempt)
     goodput.book_running(job, attempt, now)
+
+
+# A program of the job's own that has not sent a heartbeat this long after
+# its launch, with every process alive, is taken to be one that never will:
+# it shows running (no heartbeats) and is watched by its processes alone.
+# Long enough for an SDK program's imports and rendezvous on a loaded host.
+NO_HEARTBEAT_GRACE_S = 20.0
+
+
+def _running_without_heartbeats(ctx: Ctx, attempt: JobAttempt, status) -> bool:
+    """Whether the attempt runs a program that sends no heartbeats; keeps
+    the job's NoHeartbeats condition (what the UI and CLI show) in step."""
+    if not ctx.job.entrypoint:
+        return False
+    if RankStatus.objects.filter(attempt=attempt).exists():
+        if ctx.condition(NO_HEARTBEATS) is not None:
+            ctx.clear_condition(NO_HEARTBEATS)
+        return False
+    noted = ctx.condition(NO_HEARTBEATS)
+    if noted is not None and noted.get("attempt") == attempt.id:
+        return True
+    alive = status.state == "running" and status.nodes and all(n.running for n in status.nodes)
+    if not alive or attempt.started_at is None:
+        return False
+    if (ctx.now - attempt.started_at).total_seconds() < NO_HEARTBEAT_GRACE_S:
+        return False
+    ctx.set_condition(NO_HEARTBEATS, attempt=attempt.id, processes=len(status.nodes),
+                      since=ctx.now.timestamp())
+    return True
+
 
 
 def _note_all_reporting(ctx: Ctx, attempt: JobAttempt) -> None:

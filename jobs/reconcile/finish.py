@@ -1,11 +1,14 @@
-"""Ending a job: success (final checkpoint, exported model, nodes released)
-and cancellation (ranks stopped, nodes released).
+"""Ending a job: success (exported model, nodes released) and cancellation
+(ranks stopped, nodes released).
 
-A job succeeds only with its final step's checkpoint verified and exported.
-Ranks that exit 0 without leaving it (a save that never committed, a
-checkpoint that fails verification) are a transient failure with the
-evidence on the timeline: the job resumes from its newest verified
-checkpoint to redo the remaining steps, within its transient budget.
+A job that promised its final checkpoint (the built-in trainer's default)
+succeeds only with that step's checkpoint verified and exported. Ranks that
+exit 0 without leaving it (a save that never committed, a checkpoint that
+fails verification) are a transient failure with the evidence on the
+timeline: the job resumes from its newest verified checkpoint to redo the
+remaining steps, within its transient budget. A program that promised only
+its exit codes (the default with an entrypoint) succeeds when every rank
+exits 0.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from controlplane.lib.reconcile import Result
 
 from .. import goodput, scheduling
 from ..checkpointing import newest_verified, open_job_storage
-from ..models import FailureClass, JobAttempt, JobEvent, Phase
+from ..models import FailureClass, JobAttempt, JobEvent, Phase, TrainingJob
 from .common import Ctx
 from .detect import Failure
 from .failures import handle
@@ -47,18 +50,28 @@ def final_step(job, attempt: JobAttempt) -> int:
 
 
 def succeed(ctx: Ctx, attempt: JobAttempt) -> Result:
+    """Every rank exited 0. A job that promised its final checkpoint
+    (`completion: checkpoint`, the built-in trainer's default) succeeds only
+    with it verified; one that promised only its exit codes (a program's
+    default) succeeds now, and its newest verified checkpoint, if it left
+    any, is exported."""
     job, now = ctx.job, ctx.now
-    target = final_step(job, attempt)
     storage = open_job_storage(job)
     checkpoint = newest_verified(job, now, storage=storage)
-    if checkpoint is None or checkpoint.step < target:
-        return _final_checkpoint_missing(ctx, attempt, target, checkpoint)
-    export(ctx, attempt, checkpoint, storage)
+    if job.completion == TrainingJob.Completion.CHECKPOINT:
+        target = final_step(job, attempt)
+        if checkpoint is None or checkpoint.step < target:
+            return _final_checkpoint_missing(ctx, attempt, target, checkpoint)
+    if checkpoint is not None:
+        export(ctx, attempt, checkpoint, storage)
+    step = max(attempt.last_step, checkpoint.step if checkpoint is not None else 0)
     if attempt.end(JobAttempt.State.SUCCEEDED, now, exit_code=0):
         goodput.book_attempt_end(job, attempt, ended_at=now)
     job.transition(Phase.SUCCEEDED, reason="Succeeded", attempt=attempt, now=now,
-                   message=f"finished at step {checkpoint.step}", finished_at=now,
-                   pending_reason="", current_step=checkpoint.step)
+                   message=f"finished at step {step}" if step else "every rank exited 0",
+                   finished_at=now, pending_reason="", current_step=step,
+                   evidence={"completion": job.completion, "step": step,
+                             "checkpoint_step": checkpoint.step if checkpoint else None})
     _release(ctx, attempt)
     return Result.done("succeeded")
 

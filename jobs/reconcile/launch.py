@@ -221,19 +221,23 @@ def _launch(ctx: Ctx, attempt: JobAttempt) -> None:
     checkpoint, by_person = resume_point(ctx, attempt)
     token = attempt.issue_token()
     env = {
+        **(job.env or {}),  # the job's own; the launch contract's names below win
         "REGATTA_URL": settings.PUBLIC_URL,
         "REGATTA_TOKEN": token,
         "REGATTA_JOB_ID": str(job.id),
         "REGATTA_ATTEMPT_ID": str(attempt.id),
         "REGATTA_CHECKPOINT_URI": job_checkpoint_uri(job),
         "REGATTA_RESUME_STEP": str(checkpoint.step) if checkpoint else "none",
+        # The exact folder, so a program without the SDK needs no lookup.
+        "REGATTA_RESUME_URI": checkpoint.uri if checkpoint else "",
+        "REGATTA_CHECKPOINT_EVERY": str(job.effective_checkpoint_every),
         "REGATTA_CONFIG": json.dumps(trainer_config(job), sort_keys=True),
     }
     placements = _placements(attempt)
     request = LaunchRequest(
         job_id=job.id, attempt_id=attempt.id, attempt_number=attempt.number,
         name=f"job-{job.id}-a{attempt.number}", pool=ctx.pool_info, placements=placements,
-        nproc_per_node=job.gpus_per_node, image=job.image, command=tuple(job.entrypoint or ()),
+        nproc_per_node=job.gpus_per_node, image=job.image, command=_command(job),
         env=env, checkpoint_uri=env["REGATTA_CHECKPOINT_URI"],
     )
     # Launching on a job another worker has taken since would double the gang.
@@ -264,6 +268,13 @@ def _launch(ctx: Ctx, attempt: JobAttempt) -> None:
     )
     if checkpoint is not None:
         _record_resume(ctx, attempt, checkpoint, by_person)
+
+
+def _command(job: TrainingJob) -> tuple[str, ...]:
+    """The program and its arguments; empty runs the built-in trainer."""
+    if not job.entrypoint:
+        return ()
+    return (*job.entrypoint, *(job.args or ()))
 
 
 def _record_resume(ctx: Ctx, attempt: JobAttempt, checkpoint, by_person: bool) -> None:
