@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ TIMEOUT_S = 30
 # Lists are paginated; following `next` stops here so a huge timeline cannot
 # keep a terminal busy for minutes.
 MAX_PAGES = 50
+CHUNK = 1 << 20
 
 
 class CliError(Exception):
@@ -110,3 +112,33 @@ class Client:
             page = self.request("GET", page["next"])
             items.extend(page.get("results", []))
         return items
+
+    def download(self, path: str, dest: Path) -> tuple[int, str]:
+        """Stream a file endpoint into `dest` (through `dest.partial`, renamed
+        once complete); returns (bytes, sha256 of what arrived)."""
+        partial = dest.with_name(dest.name + ".partial")
+        try:
+            resp = self.session.get(self.url(path), stream=True, timeout=TIMEOUT_S,
+                                    headers={"Accept": "application/octet-stream, */*"})
+        except requests.RequestException as exc:
+            raise CliError(f"cannot reach {self.config.url}: {exc}") from None
+        with resp:
+            if resp.status_code >= 400:
+                try:
+                    body = resp.json()
+                except ValueError:
+                    body = resp.text
+                raise ApiError(resp.status_code, resp.reason or "", body)
+            digest, size = hashlib.sha256(), 0
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                with open(partial, "wb") as fh:
+                    for chunk in resp.iter_content(CHUNK):
+                        fh.write(chunk)
+                        digest.update(chunk)
+                        size += len(chunk)
+            except requests.RequestException as exc:
+                partial.unlink(missing_ok=True)
+                raise CliError(f"the download of {path} broke off: {exc}") from None
+        os.replace(partial, dest)
+        return size, digest.hexdigest()

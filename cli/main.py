@@ -8,8 +8,11 @@ for a cancelled one.
 from __future__ import annotations
 
 import functools
+import os
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import quote
 
 import click
 import yaml
@@ -92,12 +95,46 @@ def read_spec(path: Path) -> dict:
     return spec
 
 
+def resolve_entrypoint(spec: dict, folder: Path) -> list[tuple[str, str]]:
+    """Make the entrypoint's relative paths absolute, against the job file's
+    folder, so a spec submits the same from any directory.
+
+    An element is resolved when it is a relative path (not starting with `-`,
+    not a URL, not the module name right after `-m`) that names a file or a
+    folder existing next to the job file. Everything else is left as written
+    (`python`, `torchrun`, `--lr`, `0.1`). Returns the (before, after) pairs.
+    """
+    entrypoint = spec.get("entrypoint")
+    if not isinstance(entrypoint, list):
+        return []
+    changed, previous, resolved = [], None, []
+    for item in entrypoint:
+        if (isinstance(item, str) and item and previous != "-m" and not item.startswith("-")
+                and "://" not in item and not os.path.isabs(item)
+                and (folder / item).exists()):
+            absolute = os.path.abspath(folder / item)
+            changed.append((item, absolute))
+            resolved.append(absolute)
+        else:
+            resolved.append(item)
+        previous = item
+    spec["entrypoint"] = resolved
+    return changed
+
+
 @cli.command()
 @click.argument("spec_file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @json_flag
 def submit(state: State, spec_file: Path):
-    """Submit the job described in SPEC_FILE (YAML, the flat job spec)."""
-    job = state.client.post("jobs/", read_spec(spec_file))
+    """Submit the job described in SPEC_FILE (YAML, the flat job spec).
+
+    Relative paths in `entrypoint` that exist next to SPEC_FILE (train.py,
+    configs/run.yaml) are sent as absolute paths, so the file submits the
+    same from any directory."""
+    spec = read_spec(spec_file)
+    for before, after in resolve_entrypoint(spec, spec_file.parent):
+        click.echo(f"entrypoint: {before} -> {after}", err=True)
+    job = state.client.post("jobs/", spec)
     if state.as_json:
         output.emit_json(job)
         return
@@ -265,6 +302,174 @@ def nodes(state: State, cluster, pool, node_state):
              "spare" if n.get("is_spare") else "", output.truncate(n.get("state_reason"), 60)]
             for n in items]
     output.table(rows, ["NAME", "CLUSTER", "POOL", "STATE", "GPUS", "ROLE", "REASON"])
+
+
+@cli.command()
+@click.argument("job_id", type=int)
+@json_flag
+def attempts(state: State, job_id: int):
+    """The job's attempts: where each ran, how it ended, where it resumed from."""
+    items = state.client.get_all(f"jobs/{job_id}/attempts/")
+    if state.as_json:
+        output.emit_json(items)
+        return
+    rows = []
+    for a in sorted(items, key=lambda a: a["number"]):
+        nodes = ",".join(n["node"] for n in sorted(a.get("nodes") or [],
+                                                    key=lambda n: n["node_rank"]))
+        resumed = a.get("resumed_from_step")
+        rows.append([a["number"], a["state"], nodes or "-",
+                     "-" if resumed is None else resumed, a.get("last_step", 0),
+                     _time(a.get("started_at")), output.duration(_seconds(a)),
+                     "-" if a.get("exit_code") is None else a["exit_code"],
+                     a.get("failure_class") or "-",
+                     output.truncate(a.get("failure_reason"), 50)])
+    output.table(rows, ["#", "STATE", "NODES", "RESUMED", "STEP", "STARTED", "RAN", "EXIT",
+                        "FAILURE", "REASON"])
+
+
+def _time(iso: str | None) -> str:
+    return iso[:19].replace("T", " ") if iso else "-"
+
+
+def _seconds(attempt: dict) -> float | None:
+    if not attempt.get("started_at"):
+        return None
+    start = datetime.fromisoformat(attempt["started_at"].replace("Z", "+00:00"))
+    end = (datetime.fromisoformat(attempt["ended_at"].replace("Z", "+00:00"))
+           if attempt.get("ended_at") else datetime.now(UTC))
+    return max(0.0, (end - start).total_seconds())
+
+
+@cli.command()
+@click.argument("job_id", type=int)
+@json_flag
+def goodput(state: State, job_id: int):
+    """Where the job's GPU time went: productive training and each kind of loss."""
+    report = state.client.get(f"jobs/{job_id}/goodput/")
+    if state.as_json:
+        output.emit_json(report)
+        return
+    total = report["total"]["gpu_seconds"]
+    rows = [[name, output.duration(c["seconds"]), f"{c['gpu_seconds'] / 3600:.2f}",
+             f"{100 * c['gpu_seconds'] / total:.1f}%" if total else "-"]
+            for name, c in report["categories"].items()]
+    output.table(rows, ["CATEGORY", "TIME", "GPU-HOURS", "SHARE"])
+    ratio = report.get("goodput_ratio")
+    if ratio is None:
+        click.echo("Goodput: no GPU time recorded yet.")
+    else:
+        click.echo(f"Goodput: {100 * ratio:.1f}% of {total / 3600:.2f} GPU-hours were "
+                   "productive training.")
+
+
+@cli.command()
+@click.argument("job_id", type=int)
+@click.option("--name", "names", multiple=True,
+              help="A metric (repeatable); default every metric the job reported.")
+@click.option("--last", type=click.IntRange(1, 5000), default=None,
+              help="Steps to show (table default 10; --json default all).")
+@json_flag
+def metrics(state: State, job_id: int, names: tuple[str, ...], last: int | None):
+    """The job's metrics: the last steps as a table and a sparkline of each
+    whole series (downsampled by the API past 5000 steps)."""
+    names = list(names) or state.client.get(f"jobs/{job_id}/metrics/names/")["names"]
+    series = {n: state.client.get(f"jobs/{job_id}/metrics/", name=n, points=5000)
+              for n in names}
+    if state.as_json:
+        output.emit_json({"job": job_id, "metrics": {
+            n: {"total": s["total"], "points": s["points"][-last:] if last else s["points"]}
+            for n, s in series.items()}})
+        return
+    if not any(s["points"] for s in series.values()):
+        click.echo(f"Job {job_id} has reported no metrics yet.")
+        return
+    by_step: dict[int, dict[str, float]] = {}
+    for n, s in series.items():
+        for step, value in s["points"]:
+            by_step.setdefault(int(step), {})[n] = value
+    steps = sorted(by_step)[-(last or 10):]
+    output.table([[step, *(output.number(by_step[step].get(n)) for n in names)]
+                  for step in steps], ["STEP", *names])
+    click.echo()
+    width = max(len(n) for n in names)
+    for n in names:
+        points = series[n]["points"]
+        if not points:
+            click.echo(f"{n.ljust(width)}  (no points)")
+            continue
+        values = [v for _, v in points]
+        low = min(points, key=lambda p: p[1])
+        click.echo(f"{n.ljust(width)}  {output.sparkline(values)}  "
+                   f"{output.number(values[0])} -> {output.number(values[-1])}, "
+                   f"min {output.number(low[1])} at step {int(low[0])} "
+                   f"({series[n]['total']} steps)")
+
+
+@cli.command()
+@click.option("--job", "job_id", type=int, help="Only this job's artifacts.")
+@json_flag
+def artifacts(state: State, job_id: int | None):
+    """Exported models you can see, newest first (download with `regatta download ID`)."""
+    items = state.client.get_all("artifacts/", job=job_id)
+    if state.as_json:
+        output.emit_json(items)
+        return
+    rows = [[a["id"], a["name"], a["version"], a["job"], a["format"], output.size(a["bytes"]),
+             (a.get("sha256") or "")[:12], output.age(a.get("created_at"))] for a in items]
+    output.table(rows, ["ID", "NAME", "VERSION", "JOB", "FORMAT", "SIZE", "SHA256", "AGE"])
+
+
+def _local_path(out: Path, rel: str) -> Path:
+    """Where a listed file goes under `out`; a path that would leave it is refused."""
+    parts = rel.split("/")
+    if not rel or rel.startswith("/") or "\\" in rel or any(p in ("", ".", "..") for p in parts):
+        raise CliError(f"refusing the file path {rel!r} from the server")
+    return out.joinpath(*parts)
+
+
+@cli.command()
+@click.argument("artifact_id", type=int)
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Folder to write into (default ./NAME-vVERSION).")
+@click.option("--file", "only", help="Only this file of the artifact, e.g. model.pt.")
+@json_flag
+def download(state: State, artifact_id: int, out: Path | None, only: str | None):
+    """Download an exported model's files, checking each one's sha256.
+
+    A file whose size or checksum differs from the listing is deleted and
+    the command exits 1."""
+    artifact = state.client.get(f"artifacts/{artifact_id}/")
+    files = state.client.get(f"artifacts/{artifact_id}/files/")["files"]
+    if only is not None:
+        files = [f for f in files if f["path"] == only]
+        if not files:
+            raise CliError(f"artifact {artifact_id} has no file {only!r}; "
+                           f"`regatta download {artifact_id}` fetches them all")
+    if not files:
+        raise CliError(f"artifact {artifact_id} has no files to download")
+    out = (out or Path(f"{artifact['name']}-v{artifact['version']}")).absolute()
+    done = []
+    for f in files:
+        dest = _local_path(out, f["path"])
+        size, digest = state.client.download(
+            f"artifacts/{artifact_id}/files/{quote(f['path'])}", dest)
+        if size != f["bytes"] or (f["sha256"] and digest != f["sha256"]):
+            dest.unlink(missing_ok=True)
+            raise CliError(f"{f['path']}: got {size} bytes with sha256 {digest}, expected "
+                           f"{f['bytes']} bytes with sha256 {f['sha256'] or '(not recorded)'}; "
+                           "deleted it")
+        done.append({"path": f["path"], "local": str(dest), "bytes": size, "sha256": digest,
+                     "verified": bool(f["sha256"])})
+        if not state.as_json:
+            check = "sha256 ok" if f["sha256"] else "size ok (no checksum recorded)"
+            click.echo(f"{f['path']}  {output.size(size)}  {check}")
+    if state.as_json:
+        output.emit_json({"artifact": artifact_id, "name": artifact["name"],
+                          "version": artifact["version"], "out": str(out), "files": done})
+        return
+    click.echo(f"Downloaded artifact {artifact_id} {artifact['name']} v{artifact['version']} "
+               f"({len(done)} file(s), {output.size(sum(d['bytes'] for d in done))}) to {out}")
 
 
 def main(argv=None):

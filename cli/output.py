@@ -108,3 +108,45 @@ def api_error(exc, as_json: bool) -> None:
         return
     for line in field_messages(exc.body):
         click.echo(f"  {line}", err=True)
+
+
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float], width: int = 40) -> str:
+    """Unicode blocks, one per bucket of `values` (the bucket's mean), low to high."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return ""
+    if len(values) > width:
+        buckets = [values[i * len(values) // width:(i + 1) * len(values) // width]
+                   for i in range(width)]
+        values = [sum(b) / len(b) for b in buckets if b]
+    low, high = min(values), max(values)
+    if high == low:
+        return SPARKS[len(SPARKS) // 2] * len(values)
+    top = len(SPARKS) - 1
+    return "".join(SPARKS[round((v - low) / (high - low) * top)] for v in values)
+
+
+def number(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()
+                                  and abs(value) < 1e6):
+        return str(int(value))
+    return f"{value:.4g}"
+
+
+def duration(seconds) -> str:
+    if seconds is None:
+        return "-"
+    secs = int(round(float(seconds)))
+    if secs < 60:
+        return f"{float(seconds):.1f}s" if float(seconds) < 10 else f"{secs}s"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if secs >= size:
+            rest = secs % size
+            sub = {"d": 3600, "h": 60, "m": 1}[unit]
+            return f"{secs // size}{unit}{rest // sub:02d}" + {"d": "h", "h": "m", "m": "s"}[unit]
+    return f"{secs}s"  # pragma: no cover

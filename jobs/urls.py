@@ -2,6 +2,7 @@ from django.urls import path
 
 from .views import (
     checkpoints,
+    downloads,
     goodput,
     job_actions,
     job_detail,
@@ -37,6 +38,14 @@ urlpatterns = [
          name="checkpoint-detail"),
     path("artifacts/", checkpoints.ArtifactListView.as_view(), name="artifact-list"),
     path("artifacts/<int:pk>/", checkpoints.ArtifactDetailView.as_view(), name="artifact-detail"),
+    path("artifacts/<int:pk>/files/", downloads.ArtifactFilesView.as_view(),
+         name="artifact-files"),
+    path("artifacts/<int:pk>/files/<path:path>", downloads.ArtifactFileView.as_view(),
+         name="artifact-file"),
+    path("checkpoints/<int:pk>/files/", downloads.CheckpointFilesView.as_view(),
+         name="checkpoint-files"),
+    path("checkpoints/<int:pk>/files/<path:path>", downloads.CheckpointFileView.as_view(),
+         name="checkpoint-file"),
     path("teams/", teams.TeamListView.as_view(), name="team-list"),
     path("teams/<slug:name>/goodput/", goodput.TeamGoodputView.as_view(), name="team-goodput"),
     path("quotas/", quotas.QuotaListView.as_view(), name="quota-list"),

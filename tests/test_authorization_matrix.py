@@ -10,7 +10,6 @@ import pytest
 from rest_framework.test import APIClient
 
 from accounts.models import ApiToken
-from checkpoints.models import ModelArtifact
 from clusters.models import Node
 from jobs.models import Quota
 from tests.api_factories import make_attempt, make_checkpoint, make_job, worker_client
@@ -58,6 +57,9 @@ class World:
     checkpoint: object
     artifact: object
     owner_token: object
+    stored_checkpoint: object
+    artifact_file: str = "model.pt"
+    checkpoint_file: str = "export/model.pt"
 
 
 BEAT = {"rank": 0, "node": "cpu-a-0", "step": 5}
@@ -109,6 +111,12 @@ ENDPOINTS = [
     ("get", "/api/v1/checkpoints/{w.checkpoint.pk}/", None, member_only(200)),
     ("get", "/api/v1/artifacts/", None, codes(200)),
     ("get", "/api/v1/artifacts/{w.artifact.pk}/", None, member_only(200)),
+    ("get", "/api/v1/artifacts/{w.artifact.pk}/files/", None, member_only(200)),
+    ("get", "/api/v1/artifacts/{w.artifact.pk}/files/{w.artifact_file}", None,
+     member_only(200)),
+    ("get", "/api/v1/checkpoints/{w.stored_checkpoint.pk}/files/", None, member_only(200)),
+    ("get", "/api/v1/checkpoints/{w.stored_checkpoint.pk}/files/{w.checkpoint_file}", None,
+     member_only(200)),
     ("post", "/api/v1/worker/attempts/{w.attempt.pk}/heartbeat", BEAT, worker_only(200)),
     ("post", "/api/v1/worker/attempts/{w.attempt.pk}/metrics", POINTS, worker_only(200)),
     ("post", "/api/v1/worker/attempts/{w.attempt.pk}/checkpoints", CKPT, worker_only(201)),
@@ -118,8 +126,13 @@ ENDPOINTS = [
 
 
 @pytest.fixture
-def world(team, other_team, cluster, owner, teammate, outsider, operator):
+def world(team, other_team, cluster, owner, teammate, outsider, operator, fleet_dirs):
+    from django.utils import timezone
+
+    from checkpoints.export import export_final
     from clusters.models import Cluster
+    from jobs.checkpointing import open_job_storage
+    from tests.fleet_helpers import write_checkpoint
 
     Cluster.objects.create(name="cpu-b")
     job = make_job(team, cluster, owner, phase="running", storage_uri="/tmp/ckpt")
@@ -127,12 +140,16 @@ def world(team, other_team, cluster, owner, teammate, outsider, operator):
     theirs = make_job(other_team, cluster, outsider, phase="running")
     _, other_token = make_attempt(theirs)
     owner_token, _ = ApiToken.issue(owner, "laptop")
+    # A finished job of the same team with real files: its final checkpoint
+    # and the model exported from it.
+    done = make_job(team, cluster, owner, phase="succeeded", name="done")
+    final = write_checkpoint(done, 40)
     return World(
         job=job, attempt=attempt, worker_token=token, other_worker_token=other_token,
         quota=Quota.objects.get(team=team), node=Node.objects.get(name="cpu-a-0"),
         checkpoint=make_checkpoint(job, 100),
-        artifact=ModelArtifact.objects.create(job=job, name="gpt", uri="/tmp/gpt"),
-        owner_token=owner_token,
+        artifact=export_final(done, final, open_job_storage(done), timezone.now()),
+        owner_token=owner_token, stored_checkpoint=final,
     )
 
 
