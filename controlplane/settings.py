@@ -230,6 +230,10 @@ CHECKPOINT_ROOT = env_path("REGATTA_CHECKPOINT_ROOT", STATE_DIR / "checkpoints")
 STORAGE_ROOTS = env_storage_roots("REGATTA_STORAGE_ROOTS")
 ARTIFACT_ROOT = env_path("REGATTA_ARTIFACT_ROOT", STATE_DIR / "artifacts")
 LOCAL_FLEET_DIR = env_path("REGATTA_LOCAL_FLEET_DIR", STATE_DIR / "fleet")
+# /metrics (controlplane/monitoring.py): a bearer token a scraper must send,
+# or, with none set, the addresses that may scrape.
+METRICS_TOKEN = env_str("REGATTA_METRICS_TOKEN")
+METRICS_ALLOW = env_list("REGATTA_METRICS_ALLOW", ["127.0.0.1", "::1"])
 # A reconcile lock outlives a killed worker by at most this long.
 RECONCILE_LOCK_TTL_S = env_float("REGATTA_LOCK_TTL_S", 120.0, minimum=1.0)
 

@@ -18,10 +18,11 @@ the last error" means for a kind is the kind's (`Kind.record_error`).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from . import locks
+from . import locks, telemetry
 from .errors import PermanentError, TemporaryError
 from .reconcile import Result
 
@@ -80,6 +81,7 @@ def run(kind: Kind, object_id: int, now) -> Result | None:
     with locks.hold(f"{kind.name}:{object_id}") as acquired:
         if not acquired:
             return None
+        started = time.monotonic()
         try:
             result = kind.reconcile(object_id, now)
         except locks.LockLost:
@@ -90,6 +92,10 @@ def run(kind: Kind, object_id: int, now) -> Result | None:
                         error.error_class, error.count, error.message, error.retry_after,
                         exc_info=error.error_class == OTHER)
             kind.record_error(object_id, now, error)
+            telemetry.count("reconcile_errors", kind=kind.name, error_class=error.error_class)
             return Result.after(error.retry_after, error.message)
+        finally:
+            telemetry.observe("reconcile_duration_seconds", time.monotonic() - started,
+                              kind=kind.name)
         kind.clear_error(object_id)
         return result

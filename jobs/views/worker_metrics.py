@@ -5,6 +5,8 @@ from django.utils import timezone
 from rest_framework import status
 from rest_framework.response import Response
 
+from controlplane.lib import telemetry
+
 from ..models import MetricPoint
 from . import worker_schema
 from .worker_base import Fields, WorkerView
@@ -41,6 +43,7 @@ class MetricsView(WorkerView):
         rows = _rows(self.attempt, points, f)
         f.check()
         stored = _store_new(self.attempt, rows)
+        telemetry.count("metric_points_ingested", stored)
         return Response({"stored": stored, "duplicates": len(rows) - stored})
 
 

@@ -49,7 +49,12 @@ def test_every_object_parses_and_matches_the_kubernetes_models(path):
             assert doc["apiVersion"] == "kustomize.config.k8s.io/v1beta1"
             for resource in doc["resources"]:
                 assert (path.parent / resource).exists(), resource
+            for generator in doc.get("configMapGenerator", []):
+                for name in generator["files"]:
+                    assert (path.parent / name).exists(), name
             continue
+        if kind == "ServiceMonitor":  # the Prometheus Operator's CRD: no client model
+            continue  # test_the_service_monitor_scrapes_the_web_services_metrics
         assert kind in MODELS, f"{path.name}: unexpected kind {kind}"
         assert to_dict(from_dict(doc, MODELS[kind])) == doc
 
@@ -212,3 +217,21 @@ def test_every_long_running_process_is_restarted_when_it_exits():
             continue
         assert kind == "Deployment", (kind, name)
         assert spec.get("restartPolicy", "Always") == "Always", name
+
+
+def test_the_service_monitor_scrapes_the_web_services_metrics():
+    """The ServiceMonitor selects the web Service, names a port it has, and
+    sends the token from the Secret the web pods read REGATTA_METRICS_TOKEN
+    from (deploy/examples/secret.yaml)."""
+    (monitor,) = docs(DEPLOY / "monitoring" / "servicemonitor.yaml")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    service = objects()[("Service", "regatta-web")]
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert endpoint["path"] == "/metrics"
+    secret = endpoint["bearerTokenSecret"]
+    example = {d["metadata"]["name"]: d for p in (DEPLOY / "examples").glob("*.yaml")
+               for d in docs(p) if d["kind"] == "Secret"}
+    assert secret["key"] in example[secret["name"]].get("stringData", {})
