@@ -73,6 +73,16 @@ def spent_now(job, now: datetime) -> dict:
             for cls, n in (job.budget_spent or {}).items()}
 
 
+def summary(job, now: datetime) -> dict:
+    """{class: {spent, budget, in_all}}: what the API, the job page and
+    `regatta show` show."""
+    spent = spent_now(job, now)
+    counts = job.restart_counts or {}
+    return {cls: {"spent": int(spent.get(cls, 0)), "budget": int(budget),
+                  "in_all": int(counts.get(cls, 0))}
+            for cls, budget in budgets_of(job).items()}
+
+
 def is_pinned(failure) -> bool:
     return failure.cls in NODE_CLASSES and bool(failure.nodes)
 
