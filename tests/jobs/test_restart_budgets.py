@@ -1,0 +1,198 @@
+"""Restart budgets that forgive the fleet (jobs/budgets.py): node faults are
+charged to the nodes, a window of progress forgives old failures, and an
+ended job runs again from a chosen checkpoint. In-memory provider, real
+PostgreSQL."""
+
+import pytest
+from django.utils import timezone
+
+from clusters.models import Node
+from clusters.reconcile import reconcile_cluster
+from jobs.models import JobEvent, Phase
+from jobs.reconcile import reconcile_job
+from jobs.scheduling import admit
+from jobs.services import rerun_job
+from tests.fleet_helpers import (
+    heartbeat,
+    later,
+    launch,
+    lose_node,
+    memory_cluster,
+    nodes_of,
+    provider_of,
+    submit,
+    team_with_quota,
+    write_checkpoint,
+)
+
+pytestmark = pytest.mark.usefixtures("fleet_dirs")
+
+TRANSIENT_RANKS = ({"rank": 0, "exit_code": 84, "failure_class": "transient"},
+                   {"rank": 1, "exit_code": 84, "failure_class": "transient"})
+
+
+@pytest.fixture
+def spares_cluster(db):
+    # Two working nodes and six spares: every kill below finds one.
+    return memory_cluster(size=2, spares=6, heartbeat_deadline_s=10.0)
+
+
+def latest(job):
+    return job.attempts.order_by("-number").first()
+
+
+def run_to(job, step, at):
+    """The newest attempt reports `step` and the job sees it running."""
+    attempt = latest(job)
+    heartbeat(attempt, step, at)
+    reconcile_job(job.id, at)
+    job.refresh_from_db()
+    return attempt
+
+
+def test_six_node_kills_with_spares_do_not_fail_the_job_and_are_charged_to_the_nodes(
+        spares_cluster):
+    team = team_with_quota(spares_cluster)
+    now = timezone.now()
+    job = submit(spares_cluster, team)
+    launch(job, now)
+    killed = []
+    for n in range(6):
+        t = later(now, 10 * n + 1)
+        attempt = run_to(job, 5 + n, t)
+        assert job.phase == Phase.RUNNING
+        bad = nodes_of(attempt)[0]
+        lose_node(spares_cluster, bad, attempt.provider_ref)
+        reconcile_cluster(spares_cluster.id, later(t, 1))
+        reconcile_job(job.id, later(t, 2))
+        job.refresh_from_db()
+        assert job.phase != Phase.FAILED, job.last_error
+        killed.append(bad)
+    # All six restarts happened; none was the job's to pay for.
+    assert job.restart_counts == {"hardware": 6}
+    assert job.budget_spent == {}
+    for node in killed:
+        node.refresh_from_db()
+        assert node.state == Node.State.REPLACED
+        assert node.failure_count == 1
+    restarting = JobEvent.objects.filter(job=job, kind="Restarting").order_by("id")
+    assert [e.evidence["charged_to_job"] for e in restarting] == [False] * 6
+    assert "charged to the node" in restarting.last().evidence["why"]
+    assert job.attempts.count() == 7
+
+
+def test_a_job_that_keeps_failing_on_fresh_nodes_is_charged_from_the_third(spares_cluster):
+    """Ranks killed with nothing from the fleet to confirm a node fault (the
+    OOM killer looks like this), each time on a node that never failed."""
+    team = team_with_quota(spares_cluster)
+    now = timezone.now()
+    job = submit(spares_cluster, team)
+    launch(job, now)
+    charged = []
+    for n in range(4):
+        t = later(now, 10 * n + 1)
+        attempt = run_to(job, 5, t)
+        bad = nodes_of(attempt)[0]
+        assert bad.failure_count == 0  # fresh
+        provider_of(spares_cluster).exit_node(attempt.provider_ref, bad.name, signal=9)
+        reconcile_job(job.id, later(t, 2))
+        job.refresh_from_db()
+        charged.append(JobEvent.objects.filter(job=job, kind="Restarting")
+                       .latest("id").evidence["charged_to_job"])
+    assert charged == [False, False, True, True]
+    assert job.phase != Phase.FAILED
+    assert job.restart_counts == {"hardware": 4} and job.budget_spent == {"hardware": 2}
+    assert job.restart_marks["fresh_nodes"]["count"] == 4
+
+
+def test_a_kill_on_a_node_with_a_failure_history_breaks_the_fresh_streak(spares_cluster):
+    team = team_with_quota(spares_cluster)
+    now = timezone.now()
+    job = submit(spares_cluster, team)
+    launch(job, now)
+    for n in range(4):
+        t = later(now, 10 * n + 1)
+        attempt = run_to(job, 5, t)
+        bad = nodes_of(attempt)[0]
+        if n == 2:  # this one has failed before: it, not the job, is suspect
+            Node.objects.filter(pk=bad.pk).update(failure_count=3)
+        provider_of(spares_cluster).exit_node(attempt.provider_ref, bad.name, signal=9)
+        reconcile_job(job.id, later(t, 2))
+        job.refresh_from_db()
+    assert job.budget_spent == {}
+    assert job.restart_marks["fresh_nodes"]["count"] == 1
+
+
+def _transient_failure(cluster, job, t):
+    attempt = latest(job)
+    for node in nodes_of(attempt):
+        provider_of(cluster).exit_node(attempt.provider_ref, node.name, exit_code=1,
+                                       ranks=TRANSIENT_RANKS)
+    reconcile_job(job.id, t)
+    job.refresh_from_db()
+
+
+@pytest.mark.parametrize("progress_s, progress_steps, survives", [
+    (5, 200, True),      # advanced 200 steps past the window of 100
+    (120, 10, True),     # 2 minutes past the window of 1 minute
+    (5, 10, False),      # neither: the budget of 1 is spent
+])
+def test_a_budget_resets_once_the_job_advanced_past_its_window(
+        spares_cluster, progress_s, progress_steps, survives):
+    team = team_with_quota(spares_cluster)
+    now = timezone.now()
+    job = submit(spares_cluster, team, budget_reset_steps=100, budget_reset_minutes=1,
+                 restart_budgets={"code": 0, "transient": 1, "hardware": 5, "preempted": 10,
+                                  "hang": 3})
+    launch(job, now)
+    run_to(job, 50, later(now, 1))
+    _transient_failure(spares_cluster, job, later(now, 2))
+    assert job.budget_spent == {"transient": 1}
+    # After its backoff the job relaunches and makes progress.
+    backoff = JobEvent.objects.get(job=job, kind="Restarting").evidence["backoff_s"]
+    t = later(now, 2 + backoff + 0.5)
+    reconcile_job(job.id, t)
+    job.refresh_from_db()
+    at = later(t, progress_s)
+    run_to(job, 50 + progress_steps, at)
+    assert job.phase == Phase.RUNNING
+    _transient_failure(spares_cluster, job, later(at, 1))
+    if survives:
+        assert job.phase == Phase.RESTARTING
+        assert job.budget_spent == {"transient": 1} and job.restart_counts == {"transient": 2}
+        event = JobEvent.objects.filter(job=job, kind="Restarting").latest("id")
+        assert event.evidence["window_reset"] is True
+    else:
+        assert job.phase == Phase.FAILED
+        assert "'transient' restart budget spent (1 of 1" in job.last_error
+
+
+def test_a_failed_job_reruns_from_a_chosen_step_as_a_new_run(spares_cluster, django_user_model):
+    team = team_with_quota(spares_cluster)
+    user = django_user_model.objects.create_user("olivia")
+    now = timezone.now()
+    job = submit(spares_cluster, team, created_by=user,
+                 restart_budgets={"code": 0, "transient": 0, "hardware": 5, "preempted": 10,
+                                  "hang": 3})
+    launch(job, now)
+    first = run_to(job, 12, later(now, 1))
+    write_checkpoint(job, 5, first)
+    write_checkpoint(job, 10, first)
+    _transient_failure(spares_cluster, job, later(now, 2))
+    assert job.phase == Phase.FAILED
+
+    rerun_job(job, 5, user)
+    job.refresh_from_db()
+    assert (job.phase, job.generation, job.restart_counts) == (Phase.QUEUED, 2, {})
+    admit(job.cluster_id, later(now, 3))
+    reconcile_job(job.id, later(now, 3))
+    job.refresh_from_db()
+    assert job.phase == Phase.STARTING
+    second = latest(job)
+    assert second.number == 2 and second.resume_step == 5
+    env = provider_of(spares_cluster).attempt(second.provider_ref).request.env
+    assert env["REGATTA_RESUME_STEP"] == "5"  # not the newer step 10
+    resumed = JobEvent.objects.filter(job=job, kind="ResumedFromCheckpoint").latest("id")
+    assert resumed.evidence["step"] == 5
+    rerun = JobEvent.objects.get(job=job, kind="Rerun")
+    assert rerun.actor == "user:olivia" and rerun.evidence["from_step"] == 5
