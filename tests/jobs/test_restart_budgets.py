@@ -196,3 +196,29 @@ def test_a_failed_job_reruns_from_a_chosen_step_as_a_new_run(spares_cluster, dja
     assert resumed.evidence["step"] == 5
     rerun = JobEvent.objects.get(job=job, kind="Rerun")
     assert rerun.actor == "user:olivia" and rerun.evidence["from_step"] == 5
+
+
+def test_a_forgiven_fault_with_no_node_to_be_had_waits_in_the_queue(db):
+    cluster = memory_cluster(name="mem-tight", size=2, spares=0, heartbeat_deadline_s=10.0)
+    team = team_with_quota(cluster)
+    now = timezone.now()
+    job = submit(cluster, team)
+    launch(job, now)
+    attempt = run_to(job, 5, later(now, 1))
+    bad = nodes_of(attempt)[0]
+    lose_node(cluster, bad, attempt.provider_ref)
+    reconcile_cluster(cluster.id, later(now, 2))
+    reconcile_job(job.id, later(now, 3))
+    job.refresh_from_db()
+    assert job.phase == Phase.QUEUED, job.last_error
+    assert job.pending_reason
+    assert job.budget_spent == {} and job.restart_counts == {"hardware": 1}
+    assert JobEvent.objects.filter(job=job, kind="Requeued").exists()
+    # The provider's replacement arrives: the job is admitted and resumes.
+    for s in (4, 5, 6):
+        reconcile_cluster(cluster.id, later(now, s))
+    admit(cluster.id, later(now, 7))
+    reconcile_job(job.id, later(now, 7))
+    job.refresh_from_db()
+    assert job.phase == Phase.STARTING, job.pending_reason
+    assert latest(job).number == 2
