@@ -6,6 +6,7 @@ PostgreSQL."""
 import pytest
 from django.utils import timezone
 
+from checkpoints.models import Checkpoint
 from clusters.models import Node
 from clusters.reconcile import reconcile_cluster
 from jobs.models import JobEvent, Phase
@@ -194,6 +195,8 @@ def test_a_failed_job_reruns_from_a_chosen_step_as_a_new_run(spares_cluster, dja
     assert env["REGATTA_RESUME_STEP"] == "5"  # not the newer step 10
     resumed = JobEvent.objects.filter(job=job, kind="ResumedFromCheckpoint").latest("id")
     assert resumed.evidence["step"] == 5
+    # The old run's step 10 is on the branch the rerun left: never resumed from.
+    assert Checkpoint.objects.get(job=job, step=10).state == Checkpoint.State.ABANDONED
     rerun = JobEvent.objects.get(job=job, kind="Rerun")
     assert rerun.actor == "user:olivia" and rerun.evidence["from_step"] == 5
 
