@@ -6,9 +6,11 @@ PostgreSQL."""
 import pytest
 from django.utils import timezone
 
-from checkpoints.models import Checkpoint
+from checkpoints.export import export_final
+from checkpoints.models import Checkpoint, ModelArtifact
 from clusters.models import Node
 from clusters.reconcile import reconcile_cluster
+from jobs.checkpointing import open_job_storage
 from jobs.models import JobEvent, Phase
 from jobs.reconcile import reconcile_job
 from jobs.scheduling import admit
@@ -225,3 +227,18 @@ def test_a_forgiven_fault_with_no_node_to_be_had_waits_in_the_queue(db):
     job.refresh_from_db()
     assert job.phase == Phase.STARTING, job.pending_reason
     assert latest(job).number == 2
+
+
+def test_a_rerun_of_a_job_that_succeeded_exports_a_new_version(spares_cluster,
+                                                               django_user_model):
+    team = team_with_quota(spares_cluster)
+    user = django_user_model.objects.create_user("olivia")
+    job = submit(spares_cluster, team, created_by=user)
+    first = write_checkpoint(job, 20)
+    now = timezone.now()
+    one = export_final(job, first, open_job_storage(job), now)
+    second = write_checkpoint(job, 30)
+    two = export_final(job, second, open_job_storage(job), later(now, 1))
+    assert (one.version, two.version) == (1, 2)
+    assert export_final(job, second, open_job_storage(job), later(now, 2)) == two  # idempotent
+    assert ModelArtifact.objects.filter(job=job).count() == 2
