@@ -89,10 +89,14 @@ def is_pinned(failure) -> bool:
 
 def node_confirmed(failure) -> bool:
     """The fleet itself said the node was at fault: a health event (XID, ECC,
-    a lost node the provider reported), or a notice or drain from outside
-    the job (preempted). A rank killed by a signal, or a hung rank, may be
-    the job's own doing (the OOM killer, a deadlock)."""
-    return failure.cls == FailureClass.PREEMPTED or bool(failure.health_event_ids)
+    a lost node the provider reported), or a spot notice or drain the
+    control plane acted on (jobs/reconcile/preempt.py names its `source`).
+    A rank killed by a signal, a hung rank, or ranks exiting 83 with no
+    notice (a stop of the control plane, or a program that exits 83 by
+    itself) may be the job's own doing: forgiven, but not forever."""
+    if failure.cls == FailureClass.PREEMPTED and failure.evidence.get("source"):
+        return True
+    return bool(failure.health_event_ids)
 
 
 def charge(job, failure, *, fresh: bool, now: datetime) -> Charge:

@@ -430,6 +430,14 @@ class JobAttempt(models.Model):
                             attempt=self, evidence={"request_id": request_id}, now=now)
         return request_id
 
+    def note_stop_by_control_plane(self, now=None) -> None:
+        """The control plane itself is stopping this attempt (Ctrl-C of
+        `make run`): its ranks' exit 83 is then a stop from outside the job,
+        never charged to its budget (jobs/budgets.py). Also carried to the
+        trainer as the `stop` directive."""
+        JobAttempt.objects.filter(pk=self.pk, stop_requested_at__isnull=True).update(
+            stop_requested_at=now or timezone.now())
+
     def directives(self) -> dict:
         job = self.job
         interval = job.checkpoint_interval_steps if job.checkpoint_policy == "auto" else None

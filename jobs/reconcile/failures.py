@@ -36,6 +36,10 @@ def handle(ctx: Ctx, attempt: JobAttempt, failure: Failure) -> Result:
     fallback_step = end_attempt(ctx, attempt, failure)
     if fallback_step is ENDED_ALREADY:
         return Result.after(0.5, "attempt already ended")
+    if (failure.cls == FailureClass.PREEMPTED and attempt.stop_requested_at is not None
+            and not failure.evidence.get("source")):
+        # Ranks that exit 83 because the control plane stopped them.
+        failure.evidence["source"] = "control_plane_stop"
     # Read before taking the nodes out counts this failure against them.
     fresh = on_fresh_nodes(ctx, attempt, failure)
     record_node_failures(ctx, attempt, failure)

@@ -242,3 +242,55 @@ def test_a_rerun_of_a_job_that_succeeded_exports_a_new_version(spares_cluster,
     assert (one.version, two.version) == (1, 2)
     assert export_final(job, second, open_job_storage(job), later(now, 2)) == two  # idempotent
     assert ModelArtifact.objects.filter(job=job).count() == 2
+
+
+def test_ranks_exiting_83_with_no_notice_are_forgiven_but_not_forever(spares_cluster):
+    """A stop of the control plane (Ctrl-C of `make run`) costs nothing; a
+    program that exits 83 by itself in a loop is charged from the third."""
+    team = team_with_quota(spares_cluster)
+    now = timezone.now()
+    job = submit(spares_cluster, team,
+                 restart_budgets={"code": 0, "transient": 3, "hardware": 5, "preempted": 0,
+                                  "hang": 3})
+    launch(job, now)
+    for n in range(3):
+        t = later(now, 10 * n + 1)
+        attempt = run_to(job, 5, t)
+        for i, node in enumerate(nodes_of(attempt)):
+            provider_of(spares_cluster).exit_node(
+                attempt.provider_ref, node.name, exit_code=83,
+                ranks=({"rank": 2 * i, "exit_code": 83}, {"rank": 2 * i + 1, "exit_code": 83}))
+        reconcile_job(job.id, later(t, 2))
+        job.refresh_from_db()
+        if n < 2:
+            assert job.phase != Phase.FAILED, job.last_error
+    assert job.phase == Phase.FAILED
+    assert "'preempted' restart budget spent" in job.last_error
+    assert job.restart_counts == {"preempted": 3}
+
+
+def test_stops_of_the_control_plane_are_never_charged_to_the_job(spares_cluster):
+    """Ctrl-C of `make run` (regatta_up.stop_local_training) notes the stop on
+    the attempt before its ranks checkpoint and exit 83."""
+    team = team_with_quota(spares_cluster)
+    now = timezone.now()
+    job = submit(spares_cluster, team,
+                 restart_budgets={"code": 0, "transient": 3, "hardware": 5, "preempted": 0,
+                                  "hang": 3})
+    launch(job, now)
+    for n in range(4):
+        t = later(now, 10 * n + 1)
+        attempt = run_to(job, 5, t)
+        attempt.note_stop_by_control_plane(t)
+        attempt.refresh_from_db()
+        assert attempt.directives()["stop"] is True  # carried on heartbeats too
+        for i, node in enumerate(nodes_of(attempt)):
+            provider_of(spares_cluster).exit_node(
+                attempt.provider_ref, node.name, exit_code=83,
+                ranks=({"rank": 2 * i, "exit_code": 83}, {"rank": 2 * i + 1, "exit_code": 83}))
+        reconcile_job(job.id, later(t, 2))
+        job.refresh_from_db()
+        assert job.phase != Phase.FAILED, job.last_error
+    assert job.restart_counts == {"preempted": 4} and job.budget_spent == {}
+    restarting = JobEvent.objects.filter(job=job, kind="Restarting").latest("id")
+    assert restarting.evidence["source"] == "control_plane_stop"
