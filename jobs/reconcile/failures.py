@@ -122,7 +122,9 @@ def decide_restart(ctx: Ctx, attempt: JobAttempt, failure: Failure,
     job.transition(
         Phase.RESTARTING, reason="Restarting", attempt=attempt, now=now,
         message=f"{failure.cls}: {failure.reason}"[:1000]
-        + (f"; retrying in {backoff:g}s" if backoff else ""),
+        + (f"; retrying in {backoff:g}s" if backoff else "")
+        # The timeline says who paid, so a reader need not open the evidence.
+        + ("" if charge.charged_to_job else f"; not charged to the job ({charge.why})"),
         evidence={"class": failure.cls, "restarts": counts[failure.cls], "spent": spent,
                   "budget": charge.budget, "charged_to_job": charge.charged_to_job,
                   "why": charge.why, "window_reset": charge.reset,

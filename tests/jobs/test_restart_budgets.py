@@ -81,6 +81,7 @@ def test_six_node_kills_with_spares_do_not_fail_the_job_and_are_charged_to_the_n
     restarting = JobEvent.objects.filter(job=job, kind="Restarting").order_by("id")
     assert [e.evidence["charged_to_job"] for e in restarting] == [False] * 6
     assert "charged to the node" in restarting.last().evidence["why"]
+    assert "not charged to the job" in restarting.last().message
     assert job.attempts.count() == 7
 
 
