@@ -62,7 +62,10 @@ def export_final(job, checkpoint, storage, now) -> ModelArtifact:
     if not manifest:
         raise ExportError(f"step-{checkpoint.step} has no manifest to export from")
     fmt, files = exported_files(manifest)
-    name, version = artifact_name(job), 1
+    # A rerun of a job that succeeded before exports a new version beside
+    # the first run's, never in its place.
+    name = artifact_name(job)
+    version = ModelArtifact.objects.filter(job=job).count() + 1
     target = Path(settings.ARTIFACT_ROOT) / name / f"v{version}"
     _copy(storage, checkpoint.step, files, target)
     config = _config(target, files)

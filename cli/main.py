@@ -19,7 +19,7 @@ import yaml
 
 from . import output
 from .client import ApiError, Client, CliError, Config, config_path, load_config, save_config
-from .watch import watch_job
+from .watch import TERMINAL, watch_job
 
 EXIT_ERROR = 1
 
@@ -204,8 +204,7 @@ def show(state: State, job_id: int):
         ("Throughput", f"{progress['tokens_per_s']:.0f} tok/s" if progress.get("tokens_per_s")
          else None),
         ("Checkpoints", f"every {interval} steps ({policy}), keep {job.get('keep_last')}"),
-        ("Restarts", ", ".join(f"{k} {(job.get('restart_counts') or {}).get(k, 0)}/{v}"
-                               for k, v in (job.get("restart_budgets") or {}).items())),
+        ("Restarts", output.restarts(job)),
         ("Storage", job.get("storage_uri")),
         ("Submitted", f"{job.get('created_at')} by {job.get('created_by') or '-'}"),
     ]
@@ -278,12 +277,15 @@ def cancel(state: State, job_id: int):
               help="The step of a committed or verified checkpoint (see `checkpoints`).")
 @json_flag
 def restart(state: State, job_id: int, from_step: int):
-    """Restart the job's gang from the checkpoint at a chosen step."""
+    """Restart the job's gang from the checkpoint at a chosen step; an ended
+    job (succeeded, failed, cancelled) runs again from it as a new run."""
+    ended = state.client.get(f"jobs/{job_id}/")["phase"] in TERMINAL
     job = state.client.post(f"jobs/{job_id}/restart/", {"from_step": from_step})
     if state.as_json:
         output.emit_json(job)
         return
-    click.echo(f"Restart of job {job['id']} {job['name']} from step {from_step} requested "
+    what = "Rerun" if ended else "Restart"
+    click.echo(f"{what} of job {job['id']} {job['name']} from step {from_step} requested "
                f"(now {job['phase']}); follow it with `regatta watch {job['id']}`.")
 
 

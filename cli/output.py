@@ -150,3 +150,15 @@ def duration(seconds) -> str:
             sub = {"d": 3600, "h": 60, "m": 1}[unit]
             return f"{secs // size}{unit}{rest // sub:02d}" + {"d": "h", "h": "m", "m": "s"}[unit]
     return f"{secs}s"  # pragma: no cover
+
+
+def restarts(job: dict) -> str:
+    """Per class: restarts charged to the job within its window / budget, and
+    all restarts of this run when some were forgiven (charged to nodes)."""
+    parts = []
+    for cls, r in (job.get("restarts") or {}).items():
+        part = f"{cls} {r['spent']}/{r['budget']}"
+        if r.get("in_all"):
+            part += f" ({r['in_all']} in all)"
+        parts.append(part)
+    return ", ".join(parts)

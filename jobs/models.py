@@ -88,7 +88,8 @@ class TrainingJob(models.Model):
     HOLDS_GPUS = (P.ADMITTED, P.STARTING, P.RUNNING, P.RESTARTING)
     # Allowed source phases for each target phase.
     TRANSITIONS = {
-        P.QUEUED: {P.PENDING, P.RESTARTING, P.ADMITTED},
+        # From an end: a person's rerun of the job from a checkpoint.
+        P.QUEUED: {P.PENDING, P.RESTARTING, P.ADMITTED, P.SUCCEEDED, P.FAILED, P.CANCELLED},
         P.ADMITTED: {P.QUEUED},
         P.STARTING: {P.ADMITTED, P.RESTARTING},
         P.RUNNING: {P.STARTING, P.RESTARTING},
@@ -142,6 +143,10 @@ class TrainingJob(models.Model):
     checkpoint_every_steps = models.PositiveIntegerField(default=100)
     keep_last = models.PositiveIntegerField(default=3)
     restart_budgets = models.JSONField(default=default_restart_budgets)
+    # The window of progress after which a class's spent restarts are
+    # forgiven (jobs/budgets.py); 0 turns that half of the window off.
+    budget_reset_steps = models.PositiveIntegerField(default=1000)
+    budget_reset_minutes = models.PositiveIntegerField(default=60)
     priority = models.IntegerField(default=0)
     spot_allowed = models.BooleanField(default=False)
     storage_uri = models.CharField(max_length=1000, blank=True)
@@ -161,7 +166,14 @@ class TrainingJob(models.Model):
     last_error = models.TextField(blank=True)
     current_step = models.PositiveIntegerField(default=0)
     progress = models.JSONField(default=dict, blank=True)
+    # Restarts per class in this run, forgiven or not ("N in all").
     restart_counts = models.JSONField(default=dict, blank=True)
+    # Restarts per class charged to the job within the window: what the
+    # budget is held against (jobs/budgets.py).
+    budget_spent = models.JSONField(default=dict, blank=True)
+    # Per class, the step and time of its last failure; and the streak of
+    # unconfirmed failures on fresh nodes.
+    restart_marks = models.JSONField(default=dict, blank=True)
     checkpoint_interval_steps = models.PositiveIntegerField(null=True, blank=True)
     checkpoint_interval_inputs = models.JSONField(default=dict, blank=True)
     phase_changed_at = models.DateTimeField(default=timezone.now)
@@ -267,6 +279,32 @@ class TrainingJob(models.Model):
             event = job.record(
                 "RestartRequested", f"restart from step {from_step} asked by {actor}",
                 actor=actor, evidence={"from_step": from_step}, now=now,
+            )
+        self.refresh_from_db()
+        return event
+
+    def rerun(self, from_step: int, actor: str, now=None) -> "JobEvent":
+        """Start an ended job (succeeded, failed, cancelled) again as a new run
+        from checkpoint `from_step`: back to the queue with a new generation,
+        this run's restart books empty, the old run's conditions and error
+        gone. Raises IllegalTransition unless the job has ended (a live job
+        restarts through request_restart)."""
+        now = now or timezone.now()
+        with transaction.atomic():
+            job = TrainingJob.objects.select_for_update().get(pk=self.pk)
+            if not job.is_terminal:
+                raise IllegalTransition("job", job.pk, job.phase, "rerun")
+            previous = job.phase
+            event = job.transition(
+                Phase.QUEUED, reason="Rerun", actor=actor, now=now,
+                message=f"rerun from step {from_step} asked by {actor} (was {previous})",
+                evidence={"from_step": from_step, "was": previous,
+                          "generation": job.generation + 1,
+                          "restart_counts": job.restart_counts},
+                restart_from_step=from_step, generation=F("generation") + 1,
+                restart_counts={}, budget_spent={}, restart_marks={}, conditions=[],
+                cancel_requested_at=None, finished_at=None, last_error="",
+                pending_reason=f"rerun from step {from_step}: waiting for {job.world_size} GPUs",
             )
         self.refresh_from_db()
         return event
@@ -391,6 +429,14 @@ class JobAttempt(models.Model):
             self.job.record("CheckpointRequested", f"checkpoint asked by {actor}", actor=actor,
                             attempt=self, evidence={"request_id": request_id}, now=now)
         return request_id
+
+    def note_stop_by_control_plane(self, now=None) -> None:
+        """The control plane itself is stopping this attempt (Ctrl-C of
+        `make run`): its ranks' exit 83 is then a stop from outside the job,
+        never charged to its budget (jobs/budgets.py). Also carried to the
+        trainer as the `stop` directive."""
+        JobAttempt.objects.filter(pk=self.pk, stop_requested_at__isnull=True).update(
+            stop_requested_at=now or timezone.now())
 
     def directives(self) -> dict:
         job = self.job

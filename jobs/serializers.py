@@ -2,8 +2,11 @@
 
 from django.db.models import Sum
 from django.urls import reverse
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from . import budgets
 from .models import (
     AttemptNode,
     FailureClass,
@@ -20,12 +23,14 @@ from .scheduling import quota_usage
 SPEC_FIELDS = (
     "name", "image", "entrypoint", "args", "env", "completion", "num_nodes", "gpus_per_node",
     "strategy", "hyperparameters",
-    "checkpoint_policy", "checkpoint_every_steps", "keep_last", "restart_budgets", "priority",
+    "checkpoint_policy", "checkpoint_every_steps", "keep_last", "restart_budgets",
+    "budget_reset_steps", "budget_reset_minutes", "priority",
     "spot_allowed", "storage_uri", "cancel_requested_at", "restart_from_step", "generation",
 )
 STATUS_FIELDS = (
     "phase", "pending_reason", "conditions", "current_step", "progress", "last_error",
-    "restart_counts", "checkpoint_interval_steps", "checkpoint_interval_inputs",
+    "restart_counts", "budget_spent", "restarts", "checkpoint_interval_steps",
+    "checkpoint_interval_inputs",
     "observed_generation", "created_at", "admitted_at", "started_at", "finished_at",
 )
 
@@ -39,12 +44,22 @@ class JobSerializer(serializers.ModelSerializer):
                                        allow_null=True, default=None)
     world_size = serializers.IntegerField(read_only=True)
     url = serializers.SerializerMethodField()
+    restarts = serializers.SerializerMethodField()
 
     class Meta:
         model = TrainingJob
         fields = ("id", "url", "team", "cluster", "pool", "created_by", "world_size",
                   *SPEC_FIELDS, *STATUS_FIELDS)
         read_only_fields = fields
+
+    @extend_schema_field({"type": "object", "additionalProperties": {
+        "type": "object", "properties": {"spent": {"type": "integer"},
+                                         "budget": {"type": "integer"},
+                                         "in_all": {"type": "integer"}}}})
+    def get_restarts(self, job) -> dict:
+        """Per class: restarts charged to the job within the window, its
+        budget, and every restart of this run, forgiven ones too."""
+        return budgets.summary(job, timezone.now())
 
     def get_url(self, job) -> str:
         path = reverse("jobs:job-detail", args=[job.pk])

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from django.db import transaction
 
-from accounts.permissions import actor_for
+from accounts.permissions import actor_for, is_operator
 from checkpoints.confinement import default_storage_uri
+from checkpoints.models import Checkpoint
 from controlplane.lib.tasks import RECONCILE_JOB, enqueue_on_commit
 
+from . import scheduling
 from .models import TrainingJob
 
 
@@ -32,3 +34,24 @@ def submit_job(spec: dict, user, *, send: bool = True) -> TrainingJob:
         if send:
             enqueue_on_commit(RECONCILE_JOB, job.pk)
     return job
+
+
+def may_rerun(user, job: TrainingJob) -> bool:
+    """A rerun spends the team's GPUs anew: the job's owner (who submitted
+    it) or an operator decides, not every teammate."""
+    return is_operator(user) or (job.created_by_id is not None and job.created_by_id == user.pk)
+
+
+def can_resume(job: TrainingJob) -> bool:
+    """Whether an ended job has any checkpoint a rerun could start from."""
+    return Checkpoint.objects.filter(job=job, state__in=Checkpoint.LOADABLE).exists()
+
+
+def rerun_job(job: TrainingJob, from_step: int, user) -> None:
+    """Queue an ended job again from a validated checkpoint step; the cluster
+    is asked for an admission pass, since a queued job's own reconcile only
+    carries the reason that pass leaves (jobs/reconcile)."""
+    with transaction.atomic():
+        job.rerun(from_step, actor_for(user))
+        scheduling.request_admission(job.cluster_id)
+        enqueue_on_commit(RECONCILE_JOB, job.pk)

@@ -66,6 +66,10 @@ class JobSpecValidator(StrictSerializer):
     checkpoint_every_steps = StrictIntegerField(required=False, min_value=1, max_value=1_000_000)
     keep_last = StrictIntegerField(required=False, min_value=1, max_value=100)
     restart_budgets = serializers.DictField(required=False)
+    # The window of progress after which spent restarts are forgiven; 0 turns
+    # that half off (both 0: a budget counts for the whole run).
+    budget_reset_steps = StrictIntegerField(required=False, min_value=0, max_value=100_000_000)
+    budget_reset_minutes = StrictIntegerField(required=False, min_value=0, max_value=525_600)
     priority = StrictIntegerField(required=False, min_value=-1000, max_value=1000)
     spot_allowed = StrictBooleanField(required=False)
     storage_uri = StrictCharField(required=False, max_length=1000)

@@ -10,7 +10,7 @@ from django.views.decorators.http import require_POST
 from controlplane.lib.errors import IllegalTransition
 from controlplane.lib.tasks import enqueue_on_commit
 from frontend import scoping
-from jobs import tasks
+from jobs import services, tasks
 from jobs.validators import RestartValidator
 
 
@@ -60,9 +60,15 @@ def checkpoint(request, pk: int):
 @login_required
 @require_POST
 def restart(request, pk: int):
+    """A live job restarts its gang from the step; an ended one runs again
+    from it (its owner or an operator asks: jobs/services.py)."""
     job = _job_to_act_on(request, pk)
-    if job.is_terminal:
-        messages.error(request, f"{job.name} has ended ({job.phase}); submit a new job instead.")
+    if job.is_terminal and not services.may_rerun(request.user, job):
+        messages.error(request, f"Only the owner of {job.name} or an operator may rerun it.")
+        return _back(job)
+    if job.is_terminal and not services.can_resume(job):
+        messages.error(request, f"{job.name} has ended ({job.phase}) with no checkpoint to "
+                                "resume from; submit it again instead.")
         return _back(job)
     raw = request.POST.get("from_step", "")
     # A form posts text; the API's validator wants the JSON number it would get.
@@ -74,11 +80,15 @@ def restart(request, pk: int):
             messages.error(request, f"{field}: {' '.join(str(e) for e in errors)}")
         return _back(job)
     step = body.validated_data["from_step"]
+    ended = job.is_terminal
     try:
-        job.request_restart(step, scoping.actor_for(request.user))
+        if ended:
+            services.rerun_job(job, step, request.user)
+        else:
+            job.request_restart(step, scoping.actor_for(request.user))
+            enqueue_on_commit(tasks.reconcile_job, job.pk)
     except IllegalTransition:
-        messages.error(request, f"{job.name} is ending; it cannot restart.")
+        messages.error(request, f"{job.name} changed phase ({job.phase}); try again.")
         return _back(job)
-    enqueue_on_commit(tasks.reconcile_job, job.pk)
-    messages.success(request, f"Restart from step {step} requested.")
+    messages.success(request, f"{'Rerun' if ended else 'Restart'} from step {step} requested.")
     return _back(job)

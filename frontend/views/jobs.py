@@ -2,9 +2,11 @@ from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils import timezone
 
 from clusters.models import Cluster
 from frontend import charts, jobdetail, scoping
+from jobs import budgets, services
 from jobs.models import Phase
 
 from . import live
@@ -63,6 +65,9 @@ def _detail_context(request, job):
     return {
         "job": job,
         "can_act": scoping.can_act_on_job(request.user, job),
+        # An ended job's checkpoints offer a rerun to whoever may ask one.
+        "can_rerun": job.is_terminal and services.may_rerun(request.user, job),
+        "restarts": budgets.summary(job, timezone.now()),
         "attempts": attempts,
         "attempt_count": job.attempts.count(),
         "checkpoints": checkpoints,

@@ -10,8 +10,8 @@ from clusters.models import Node, NodeHealthEvent
 from clusters.reconcile.replacement import take_out
 from controlplane.lib.reconcile import Result
 
-from .. import goodput, scheduling
-from ..models import DEFAULT_RESTART_BUDGETS, AttemptNode, FailureClass, JobAttempt, Phase
+from .. import budgets, goodput, scheduling
+from ..models import AttemptNode, FailureClass, JobAttempt, Phase
 from .common import Ctx
 from .detect import Failure, health_evidence
 
@@ -36,10 +36,26 @@ def handle(ctx: Ctx, attempt: JobAttempt, failure: Failure) -> Result:
     fallback_step = end_attempt(ctx, attempt, failure)
     if fallback_step is ENDED_ALREADY:
         return Result.after(0.5, "attempt already ended")
+    if (failure.cls == FailureClass.PREEMPTED and attempt.stop_requested_at is not None
+            and not failure.evidence.get("source")):
+        # Ranks that exit 83 because the control plane stopped them.
+        failure.evidence["source"] = "control_plane_stop"
+    # Read before taking the nodes out counts this failure against them.
+    fresh = on_fresh_nodes(ctx, attempt, failure)
     record_node_failures(ctx, attempt, failure)
     if takes_nodes_out(failure):
         _take_out(ctx, attempt, failure)
-    return decide_restart(ctx, attempt, failure, fallback_step)
+    return decide_restart(ctx, attempt, failure, fallback_step, fresh=fresh)
+
+
+def on_fresh_nodes(ctx: Ctx, attempt: JobAttempt, failure: Failure) -> bool:
+    """Whether every node the failure is pinned to had no failure on record."""
+    if not failure.nodes:
+        return False
+    counts = Node.objects.filter(
+        pk__in=AttemptNode.objects.filter(attempt=attempt, node__name__in=failure.nodes)
+        .values("node_id")).values_list("failure_count", flat=True)
+    return bool(counts) and not any(counts)
 
 
 # `end_attempt`'s answer when another pass ended the attempt first.
@@ -89,27 +105,32 @@ def record_node_failures(ctx: Ctx, attempt: JobAttempt, failure: Failure) -> Non
 
 
 def decide_restart(ctx: Ctx, attempt: JobAttempt, failure: Failure,
-                   fallback_step: int | None) -> Result:
+                   fallback_step: int | None, *, fresh: bool = False) -> Result:
     job, now = ctx.job, ctx.now
     counts = dict(job.restart_counts or {})
     counts[failure.cls] = counts.get(failure.cls, 0) + 1
-    budgets = {**DEFAULT_RESTART_BUDGETS, **(job.restart_budgets or {})}
-    budget = int(budgets.get(failure.cls, 0))
-    if counts[failure.cls] > budget:
-        return _fail(ctx, attempt, failure, counts, budget)
+    charge = budgets.charge(job, failure, fresh=fresh, now=now)
+    if charge.exhausted:
+        return _fail(ctx, attempt, failure, counts, charge)
     backoff = _backoff_s(ctx, failure, counts[failure.cls])
     if backoff:
         ctx.set_condition("RestartBackoff", until=now.timestamp() + backoff, seconds=backoff)
     ctx.set_condition("LastFailure", attempt=attempt.number, failure_class=failure.cls,
                       reason=failure.reason[:300], at=now.isoformat(),
                       fallback_step=fallback_step)
+    spent = charge.spent.get(failure.cls, 0)
     job.transition(
         Phase.RESTARTING, reason="Restarting", attempt=attempt, now=now,
         message=f"{failure.cls}: {failure.reason}"[:1000]
-        + (f"; retrying in {backoff:g}s" if backoff else ""),
-        evidence={"class": failure.cls, "restarts": counts[failure.cls], "budget": budget,
+        + (f"; retrying in {backoff:g}s" if backoff else "")
+        # The timeline says who paid, so a reader need not open the evidence.
+        + ("" if charge.charged_to_job else f"; not charged to the job ({charge.why})"),
+        evidence={"class": failure.cls, "restarts": counts[failure.cls], "spent": spent,
+                  "budget": charge.budget, "charged_to_job": charge.charged_to_job,
+                  "why": charge.why, "window_reset": charge.reset,
                   "backoff_s": backoff, "fallback_step": fallback_step, **failure.evidence},
-        restart_counts=counts, last_error=failure.reason[:5000],
+        restart_counts=counts, budget_spent=charge.spent, restart_marks=charge.marks,
+        last_error=failure.reason[:5000],
     )
     return Result.after(backoff, "restarting")
 
@@ -121,13 +142,19 @@ def _backoff_s(ctx: Ctx, failure: Failure, count: int) -> float:
     return min(cfg.transient_backoff_max_s, cfg.transient_backoff_s * 2 ** (count - 1))
 
 
-def _fail(ctx: Ctx, attempt: JobAttempt, failure: Failure, counts: dict, budget: int) -> Result:
+def _fail(ctx: Ctx, attempt: JobAttempt, failure: Failure, counts: dict,
+          charge: budgets.Charge) -> Result:
     job, now = ctx.job, ctx.now
+    budget = charge.budget
+    blame = f" ({charge.why})" if budgets.is_pinned(failure) else ""
     error = (f"{failure.cls} failure with the '{failure.cls}' restart budget spent "
-             f"({counts[failure.cls] - 1} of {budget} restarts used): {failure.reason}")
+             f"({charge.spent[failure.cls] - 1} of {budget} restarts used){blame}: "
+             f"{failure.reason}")
     job.transition(Phase.FAILED, reason="Failed", message=error, attempt=attempt, now=now,
-                   evidence={"class": failure.cls, "budget": budget, **failure.evidence},
-                   last_error=error[:5000], finished_at=now, restart_counts=counts)
+                   evidence={"class": failure.cls, "budget": budget, "why": charge.why,
+                             "restarts": counts[failure.cls], **failure.evidence},
+                   last_error=error[:5000], finished_at=now, restart_counts=counts,
+                   budget_spent=charge.spent, restart_marks=charge.marks)
     job.record("NodesReleased", "the job's nodes are free", attempt=attempt, now=now,
                evidence={"nodes": list(attempt.placements.values_list("node__name",
                                                                       flat=True))})

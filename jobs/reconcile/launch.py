@@ -93,7 +93,10 @@ def _no_nodes(ctx: Ctx) -> Result:
     coming = pool_nodes.filter(state=Node.State.PROVISIONING).count()
     reason = (f"needs {job.num_nodes} healthy nodes; {free} free in pool {ctx.pool.name}, "
               f"{spares} spare ready, {coming} provisioning")
-    if job.phase == Phase.ADMITTED:
+    if job.phase in (Phase.ADMITTED, Phase.RESTARTING):
+        # A restart with no nodes to be had (a fault forgiven, no spare left)
+        # waits in the queue, its place kept, rather than holding the GPUs of
+        # the nodes that survived (jobs/reconcile/__init__.py requeues it).
         job.transition(Phase.QUEUED, reason="Requeued", message=reason, now=ctx.now,
                        pending_reason=reason)
     elif job.pending_reason != reason:

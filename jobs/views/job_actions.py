@@ -1,8 +1,9 @@
-"""Cancel, checkpoint now, restart from a step: asks written beside the spec;
-the reconciler carries them out."""
+"""Cancel, checkpoint now, restart from a step (or rerun an ended job from
+one): asks written beside the spec; the reconciler carries them out."""
 
 from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -10,7 +11,7 @@ from accounts.permissions import actor_for
 from controlplane.lib.api import Conflict
 from controlplane.lib.tasks import enqueue_on_commit
 
-from .. import tasks
+from .. import services, tasks
 from ..serializers import JobSerializer
 from ..validators import RestartValidator
 from .base import JobScopedMixin
@@ -45,13 +46,29 @@ class JobCheckpointView(JobScopedMixin, APIView):
 
 
 class JobRestartView(JobScopedMixin, APIView):
-    @extend_schema(request=RestartValidator, responses={200: JobSerializer, 409: OpenApiResponse()})
+    """A live job restarts its gang from the step; an ended one (succeeded,
+    failed, cancelled) runs again from it as a new run, asked by its owner."""
+
+    @extend_schema(request=RestartValidator,
+                   responses={200: JobSerializer, 400: OpenApiResponse(),
+                              403: OpenApiResponse(), 409: OpenApiResponse()})
     def post(self, request, pk):
         job = self.get_job()
         if job.is_terminal:
-            raise Conflict(f"Job {job.pk} has ended ({job.phase}); submit a new one.")
+            return self._rerun(request, job)
         body = RestartValidator(data=request.data, context={"job": job})
         body.is_valid(raise_exception=True)
         job.request_restart(body.validated_data["from_step"], actor_for(request.user))
         enqueue_on_commit(tasks.reconcile_job, job.pk)
+        return Response(JobSerializer(job, context={"request": request}).data)
+
+    def _rerun(self, request, job):
+        if not services.may_rerun(request.user, job):
+            raise PermissionDenied("Only the job's owner or an operator may rerun an ended job.")
+        if not services.can_resume(job):
+            raise Conflict(f"Job {job.pk} has ended ({job.phase}) with no committed or verified "
+                           "checkpoint to resume from; submit it again instead.")
+        body = RestartValidator(data=request.data, context={"job": job})
+        body.is_valid(raise_exception=True)
+        services.rerun_job(job, body.validated_data["from_step"], request.user)
         return Response(JobSerializer(job, context={"request": request}).data)

@@ -263,6 +263,30 @@ def test_watch_shows_why_a_restarting_job_waits(logged_in, owner, team, cluster)
     assert "restarting  waiting: needs 2 healthy nodes; 1 free in pool default" in result.output
 
 
+def test_restart_reruns_an_ended_job_and_show_tells_restarts_spent_of_all(
+        logged_in, owner, teammate, team, cluster):
+    job = make_job(team, cluster, owner, name="ended")
+    attempt = run(job, list(cluster.nodes.all()[:2]))
+    checkpoint(job, attempt, 100)
+    job.transition(Phase.FAILED, reason="Failed", restart_counts={"hardware": 6},
+                   budget_spent={"hardware": 1}, restart_marks={"hardware": {
+                       "step": job.current_step, "at": time.time()}},
+                   last_error="hardware budget spent")
+    shown = logged_in(owner)("show", job.pk)
+    assert "hardware 1/5 (6 in all)" in shown.output
+    refused = logged_in(teammate)("restart", job.pk, "--from-step", 100)
+    assert refused.exit_code == 1
+    assert "HTTP 403" in refused.stderr and "owner" in refused.stderr
+    result = logged_in(owner)("restart", job.pk, "--from-step", 100)
+    assert result.exit_code == 0, result.stderr
+    assert f"Rerun of job {job.pk} ended from step 100 requested (now queued)" in result.output
+    job.refresh_from_db()
+    assert (job.phase, job.restart_from_step, job.generation, job.restart_counts) == (
+        Phase.QUEUED, 100, 2, {})
+    assert job.events.get(kind="Rerun").actor == "user:olivia"
+    assert "hardware 0/5" in logged_in(owner)("show", job.pk).output
+
+
 def test_restart_from_a_chosen_checkpoint_and_the_api_s_refusal_as_it_gave_it(
         logged_in, owner, team, cluster):
     job = make_job(team, cluster)

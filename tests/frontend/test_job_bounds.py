@@ -121,6 +121,33 @@ def test_a_job_that_ended_offers_no_restart(web, owner, team, cluster):
     assert _restart_steps(web(owner).get(f"/jobs/{job.pk}/").content.decode()) == set()
 
 
+def test_an_ended_job_offers_its_owner_a_rerun_from_a_loadable_checkpoint(
+        web, owner, teammate, team, cluster):
+    job = make_job(team, cluster, owner)
+    attempt = run(job, list(cluster.nodes.all()[:2]))
+    checkpoint(job, attempt, 100)
+    checkpoint(job, attempt, 200, state=Checkpoint.State.CORRUPT)
+    job.transition(Phase.FAILED, reason="Failed", restart_counts={"hardware": 6},
+                   budget_spent={"hardware": 1})
+    page = web(owner).get(f"/jobs/{job.pk}/").content.decode()
+    assert _rerun_steps(page) == {100}
+    assert "hardware 1/5 (6 in all)" in page
+    assert _rerun_steps(web(teammate).get(f"/jobs/{job.pk}/").content.decode()) == set()
+    refused = web(teammate).post(f"/jobs/{job.pk}/restart/", {"from_step": "100"}, follow=True)
+    assert "Only the owner" in refused.content.decode()
+    job.refresh_from_db()
+    assert job.phase == Phase.FAILED
+    done = web(owner).post(f"/jobs/{job.pk}/restart/", {"from_step": "100"}, follow=True)
+    assert "Rerun from step 100 requested." in done.content.decode()
+    job.refresh_from_db()
+    assert (job.phase, job.restart_from_step, job.restart_counts) == (Phase.QUEUED, 100, {})
+    assert job.events.get(kind="Rerun").actor == "user:olivia"
+
+
+def _rerun_steps(html: str) -> set[int]:
+    return {int(s) for s in re.findall(r'data-rerun="(\d+)"', html)}
+
+
 def test_the_history_pages_list_everything_paginated(web, teammate, team, cluster):
     job = make_job(team, cluster)
     attempt = _many_attempts(job, list(cluster.nodes.all()[:2]), 60)

@@ -152,11 +152,88 @@ class TestRestart:
         job.refresh_from_db()
         assert (job.restart_from_step, job.generation) == (None, 1)
 
-    def test_an_ended_job_cannot_restart(self, api, owner, jobs):
+    def test_an_ended_job_with_nothing_to_resume_is_409(self, api, owner, jobs):
         job = jobs[0][0]
-        make_checkpoint(job, 100)
+        make_checkpoint(job, 100, state="corrupt")
         TrainingJob.objects.filter(pk=job.pk).update(phase="succeeded")
         resp = api(owner).post(f"/api/v1/jobs/{job.pk}/restart/", {"from_step": 100},
                                format="json")
         assert resp.status_code == 409
+        assert "no committed or verified checkpoint to resume from" in resp.data["detail"]
         assert not JobEvent.objects.filter(job=job).exists()
+
+
+def _ended(job, phase="failed"):
+    TrainingJob.objects.filter(pk=job.pk).update(
+        phase=phase, finished_at="2026-01-01T00:00:00Z", last_error="hardware budget spent",
+        restart_counts={"hardware": 6}, budget_spent={"hardware": 6},
+        restart_marks={"hardware": {"step": 150, "at": 0}}, current_step=150,
+        conditions=[{"type": "LastFailure", "attempt": 7}])
+    make_checkpoint(job, 100)
+    make_checkpoint(job, 50, state="verified")
+    make_checkpoint(job, 120, state="corrupt")
+
+
+class TestRerun:
+    """An ended job runs again from a chosen checkpoint: a new run of the
+    same job, asked by its owner."""
+
+    @pytest.mark.parametrize("phase", ["failed", "cancelled", "succeeded"])
+    def test_its_owner_reruns_an_ended_job_from_a_chosen_step(
+            self, api, owner, jobs, phase, django_capture_on_commit_callbacks):
+        job = jobs[0][0]
+        _ended(job, phase)
+        with django_capture_on_commit_callbacks() as callbacks:
+            resp = api(owner).post(f"/api/v1/jobs/{job.pk}/restart/", {"from_step": 50},
+                                   format="json")
+        assert resp.status_code == 200, resp.content
+        assert resp.data["phase"] == "queued"
+        assert resp.data["restarts"]["hardware"] == {"spent": 0, "budget": 5, "in_all": 0}
+        job.refresh_from_db()
+        assert (job.phase, job.restart_from_step, job.generation) == ("queued", 50, 2)
+        assert (job.restart_counts, job.budget_spent, job.restart_marks) == ({}, {}, {})
+        assert (job.finished_at, job.last_error, job.conditions) == (None, "", [])
+        event = JobEvent.objects.get(job=job)
+        assert (event.kind, event.actor, event.from_phase, event.to_phase) == (
+            "Rerun", "user:olivia", phase, "queued")
+        assert event.evidence["from_step"] == 50 and event.evidence["was"] == phase
+        # An admission pass of the cluster and the job's reconcile.
+        assert len(callbacks) == 2
+
+    def test_an_operator_may_rerun_it(self, api, operator, jobs):
+        job = jobs[0][0]
+        _ended(job)
+        resp = api(operator).post(f"/api/v1/jobs/{job.pk}/restart/", {"from_step": 100},
+                                  format="json")
+        assert resp.status_code == 200
+        assert JobEvent.objects.get(job=job, kind="Rerun").actor == "user:opal"
+
+    @pytest.mark.parametrize("body", [{"from_step": 120}, {"from_step": 75},
+                                      {"from_step": "100"}, {}, {"from_step": -1}])
+    def test_a_step_without_a_loadable_checkpoint_is_a_field_error(self, api, owner, jobs,
+                                                                   body):
+        job = jobs[0][0]
+        _ended(job)
+        resp = api(owner).post(f"/api/v1/jobs/{job.pk}/restart/", body, format="json")
+        assert resp.status_code == 400
+        assert "from_step" in resp.data
+        job.refresh_from_db()
+        assert (job.phase, job.generation) == ("failed", 1)
+
+    def test_a_teammate_may_not_rerun_the_owners_job(self, api, teammate, jobs):
+        job = jobs[0][0]
+        _ended(job)
+        resp = api(teammate).post(f"/api/v1/jobs/{job.pk}/restart/", {"from_step": 100},
+                                  format="json")
+        assert resp.status_code == 403
+        job.refresh_from_db()
+        assert job.phase == "failed" and not JobEvent.objects.filter(job=job).exists()
+
+    def test_an_outsider_and_an_anonymous_caller_do_not_find_it(self, api, outsider, jobs):
+        job = jobs[0][0]
+        _ended(job)
+        url = f"/api/v1/jobs/{job.pk}/restart/"
+        assert api(outsider).post(url, {"from_step": 100}, format="json").status_code == 404
+        assert api(None).post(url, {"from_step": 100}, format="json").status_code in (401, 403)
+        job.refresh_from_db()
+        assert job.phase == "failed"

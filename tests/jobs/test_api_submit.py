@@ -84,6 +84,15 @@ def test_it_keeps_the_given_storage_uri_and_defaults(api, owner, cluster, settin
     assert job.storage_uri == "s3://bucket-a/runs/vision/gpt"
     assert job.restart_budgets == {"code": 0, "transient": 3, "hardware": 5, "preempted": 10,
                                    "hang": 3}
+    assert (job.budget_reset_steps, job.budget_reset_minutes) == (1000, 60)
+
+
+def test_it_takes_a_budget_window_and_shows_it(api, owner, cluster):
+    resp = api(owner).post(URL, spec(budget_reset_steps=0, budget_reset_minutes=30),
+                           format="json")
+    assert resp.status_code == 201, resp.content
+    assert (resp.data["budget_reset_steps"], resp.data["budget_reset_minutes"]) == (0, 30)
+    assert resp.data["restarts"]["hardware"] == {"spent": 0, "budget": 5, "in_all": 0}
 
 
 BAD_SPECS = [
@@ -119,6 +128,12 @@ BAD_SPECS = [
     ("restart_budgets", {"restart_budgets": {"cosmic_rays": 1}}),
     ("restart_budgets", {"restart_budgets": {"hardware": 101}}),
     ("restart_budgets", {"restart_budgets": {"hardware": "5"}}),
+    ("budget_reset_steps", {"budget_reset_steps": -1}),
+    ("budget_reset_steps", {"budget_reset_steps": "1000"}),
+    ("budget_reset_steps", {"budget_reset_steps": 10**9}),
+    ("budget_reset_minutes", {"budget_reset_minutes": 600_000}),
+    ("budget_reset_minutes", {"budget_reset_minutes": 1.5}),
+    ("budget_reset_minutes", {"budget_reset_minutes": None}),
     ("hyperparameters", {"hyperparameters": {"learning_rate": 0.1}}),
     ("hyperparameters", {"hyperparameters": {"max_steps": 10, "warmup_steps": 50}}),
     ("hyperparameters", {"hyperparameters": [1, 2]}),

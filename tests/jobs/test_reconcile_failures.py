@@ -252,19 +252,27 @@ def test_a_rank_without_an_exit_record_beside_its_peers_84_was_killed(mem_cluste
 
 
 def test_a_spent_budget_fails_the_job_and_says_which_budget(mem_cluster, team):
+    """A kill on a fresh node with nothing from the fleet to confirm it is
+    forgiven twice; the third in a row is the job's (jobs/budgets.py)."""
     now = timezone.now()
     job, attempt = running_job(mem_cluster, team, now,
                                restart_budgets={"hardware": 0, "code": 0, "transient": 3,
                                                 "preempted": 3, "hang": 1})
-    bad = nodes_of(attempt)[0]
-    provider_of(mem_cluster).exit_node(attempt.provider_ref, bad.name, signal=9)
-    reconcile_job(job.id, later(now, 2))
-    job.refresh_from_db()
+    for n in range(3):
+        attempt = job.attempts.order_by("-number").first()
+        heartbeat(attempt, 5 + n, later(now, 2 + 2 * n))
+        bad = nodes_of(attempt)[0]
+        provider_of(mem_cluster).exit_node(attempt.provider_ref, bad.name, signal=9)
+        reconcile_job(job.id, later(now, 3 + 2 * n))
+        job.refresh_from_db()
     assert job.phase == Phase.FAILED
     assert job.last_error.startswith("hardware failure with the 'hardware' restart budget spent")
+    assert "nodes that never failed before" in job.last_error
     assert bad.name in job.last_error
+    assert job.restart_counts == {"hardware": 3} and job.budget_spent == {"hardware": 1}
     bad.refresh_from_db()
     assert bad.state == Node.State.REPLACED  # the evidence still takes the node out
+    assert bad.failure_count == 1
 
 
 def test_a_hung_rank_is_found_by_its_missed_heartbeats(mem_cluster, team):

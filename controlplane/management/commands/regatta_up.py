@@ -112,4 +112,5 @@ def stop_local_training(grace_s: float = 20.0) -> None:
     ).select_related("job__cluster")
     for attempt in running:
         if attempt.provider_ref:
+            attempt.note_stop_by_control_plane()
             get_provider(attempt.job.cluster).stop(attempt.provider_ref, grace_s=grace_s)
