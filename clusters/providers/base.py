@@ -108,12 +108,43 @@ class NodeProcess:
 
 
 @dataclass(frozen=True)
+class StartIssue:
+    """Why an attempt, or one node's part of it, has not started, read
+    before any process ran (a pod's waiting state, the scheduler, a queue).
+
+    `user_error` marks the job's own mistake (an image that does not exist,
+    a Secret it names that is missing): no relaunch can fix it, so the job
+    fails fast. Anything else is a wait (capacity, a queue's quota): the
+    attempt is neither running nor hung, and its reason is shown."""
+
+    reason: str  # the platform's word: ImagePullBackOff, Unschedulable, ...
+    message: str = ""
+    user_error: bool = False
+    node_rank: int | None = None  # None: the attempt as a whole (a queue)
+
+    def describe(self) -> str:
+        where = "" if self.node_rank is None else f"rank {self.node_rank}: "
+        return f"{where}{self.reason}: {self.message}".rstrip(": ")
+
+
+@dataclass(frozen=True)
 class AttemptStatus:
     """What the provider observes of an attempt."""
 
     state: str  # "running" | "succeeded" | "failed" | "unknown"
     nodes: tuple[NodeProcess, ...] = ()
     message: str = ""
+    # Why parts of a "running" attempt have not started yet; providers that
+    # cannot tell leave it empty, and start-up deadlines alone apply.
+    start_issues: tuple[StartIssue, ...] = ()
+
+    @property
+    def user_errors(self) -> tuple[StartIssue, ...]:
+        return tuple(i for i in self.start_issues if i.user_error)
+
+    @property
+    def waits(self) -> tuple[StartIssue, ...]:
+        return tuple(i for i in self.start_issues if not i.user_error)
 
     @property
     def failed_nodes(self) -> tuple[NodeProcess, ...]:

@@ -109,8 +109,10 @@ def test_the_control_plane_gets_exactly_the_verbs_it_uses():
         (("",), "pods/eviction"): ["create"],
         (("",), "pods/log"): ["get"],
         (("",), "secrets"): sorted(["create", "delete", "get"]),
+        (("kueue.x-k8s.io",), "workloads"): ["list"],
+        (("scheduling.volcano.sh",), "podgroups"): ["get"],
     }
-    assert len(role["rules"]) == 5
+    assert len(role["rules"]) == 7
     nodes = found[("ClusterRole", "regatta-nodes")]
     assert rules(nodes) == {
         (("",), "nodes"): sorted(["get", "list", "watch", "patch", "delete"])}
@@ -180,6 +182,11 @@ def test_the_provider_calls_only_what_the_role_grants():
         provider.launch(make_request())
         provider.launch(make_request())  # a relaunch replaces its secret
         provider.replace(make_pool(settings={"node_autoscaler": "karpenter"}), "ip-10-0-0-1")
+        # A gang not started yet: its Kueue Workload or Volcano PodGroup is read.
+        for gang in ("kueue", "volcano"):
+            provider.settings = KubeSettings(preflight="dcgm-labels", gang_scheduler=gang,
+                                             queue="q")
+            provider.observe(provider.launch(make_request(name=f"job-7-{gang}")))
     assert standin.calls("DELETE", f"{st.NODES}/ip-10-0-0-1")
     granted = set()
     for doc in objects().values():
@@ -189,7 +196,7 @@ def test_the_provider_calls_only_what_the_role_grants():
     for call in standin.requests:
         parts = call.path.strip("/").split("/")
         resource = parts[-1] if call.method in ("GET", "POST") and parts[-1] in (
-            "nodes", "pods", "secrets", "pytorchjobs") else None
+            "nodes", "pods", "secrets", "pytorchjobs", "workloads") else None
         if parts[-1] in ("eviction", "log"):
             resource = f"pods/{parts[-1]}"
         elif resource is None:

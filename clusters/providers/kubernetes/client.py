@@ -33,7 +33,7 @@ from ..base import (
 from . import manifests as mf
 from .config import KubePoolSettings, KubeSettings, replace_mode
 from .errors import classify, is_status
-from .observe import attempt_status, node_info, node_signals
+from .observe import attempt_status, node_info, node_signals, started
 from .preflight import run_allreduce, run_dcgm_labels
 
 
@@ -273,8 +273,32 @@ class KubernetesProvider:
                 f"list pods of {name}", self.core.list_namespaced_pod, self.ns,
                 label_selector=f"{mf.OPERATOR_JOB_LABEL}={name}",
             ).get("items", [])
-        status = attempt_status(job, pods, ref.get("placements", []))
+        workload = podgroup = None
+        if job is not None and not started(job):
+            # Only a gang not yet started can be held back by its scheduler;
+            # reading its queue object then costs one call per observe.
+            if self.settings.gang_scheduler == "kueue":
+                workload = self._workload(job)
+            elif self.settings.gang_scheduler == "volcano":
+                podgroup = self._call(f"get PodGroup {name}",
+                                      self.custom.get_namespaced_custom_object,
+                                      *mf.PODGROUPS, self.ns, mf.PODGROUPS_PLURAL, name,
+                                      ok=(404,))
+        status = attempt_status(job, pods, ref.get("placements", []), workload=workload,
+                                podgroup=podgroup,
+                                own_secret=ref.get("secret") or mf.secret_name(name))
         return self._with_log_tails(status, pods)
+
+    def _workload(self, job: dict) -> dict | None:
+        """Kueue's Workload of a PyTorchJob, found by the job-uid label Kueue
+        puts on it (its name carries a hash of Kueue's choosing)."""
+        uid = job["metadata"].get("uid", "")
+        found = self._call(f"list Workloads of {job['metadata']['name']}",
+                           self.custom.list_namespaced_custom_object, *mf.WORKLOADS, self.ns,
+                           mf.WORKLOADS_PLURAL, label_selector=f"{mf.KUEUE_JOB_UID_LABEL}={uid}",
+                           ok=(404,))
+        items = (found or {}).get("items") or []
+        return items[0] if items else None
 
     def _with_log_tails(self, status: AttemptStatus, pods: list[dict]) -> AttemptStatus:
         names = {(p.get("spec") or {}).get("nodeName"): p["metadata"]["name"] for p in pods}

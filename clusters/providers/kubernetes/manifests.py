@@ -37,6 +37,10 @@ HOSTNAME = "kubernetes.io/hostname"
 GPU = "nvidia.com/gpu"
 EFA = "vpc.amazonaws.com/efa"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# Read back to explain a gang that waits (observe.queue_issues).
+KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+WORKLOADS, WORKLOADS_PLURAL = ("kueue.x-k8s.io", "v1beta1"), "workloads"
+PODGROUPS, PODGROUPS_PLURAL = ("scheduling.volcano.sh", "v1beta1"), "podgroups"
 TOKEN_KEY = "token"
 DEFAULT_NCCL_ENV = {"NCCL_DEBUG": "WARN"}
 EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1"}
