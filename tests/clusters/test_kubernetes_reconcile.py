@@ -172,7 +172,11 @@ def test_a_jobs_launch_creates_its_pytorchjob_and_token_secret(db, standin, fsx)
                                     "persistentVolumeClaim": {"claimName": "fsx-lustre"}}]
         (container,) = spec["containers"]
         assert container["image"] == "registry.example/trainer:2.1"
-        assert container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+        # Guaranteed QoS, sized from the nodes' allocatable (191 CPUs, 2000Gi)
+        # less a tenth for their DaemonSets.
+        assert container["resources"]["limits"] == {
+            "nvidia.com/gpu": "8", "cpu": "171900m", "memory": "1843200Mi"}
+        assert container["resources"]["requests"] == container["resources"]["limits"]
         env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
         assert env["REGATTA_URL"] == settings.PUBLIC_URL
         assert env["REGATTA_JOB_ID"] == str(job.id)

@@ -35,6 +35,7 @@ from .config import KubePoolSettings, KubeSettings, replace_mode
 from .errors import classify, is_status
 from .observe import attempt_status, node_info, node_signals, started
 from .preflight import run_allreduce, run_dcgm_labels
+from .resources import smallest_allocatable
 
 
 def api_client_for(settings: KubeSettings) -> k8s.ApiClient:
@@ -231,7 +232,7 @@ class KubernetesProvider:
         the Secret; the control plane's Role has no `patch` on secrets, so the
         owner is set at creation."""
         secret = mf.token_secret(request, self.settings)
-        body = mf.to_dict(mf.pytorch_job(request, self.settings))
+        body = mf.to_dict(mf.pytorch_job(request, self.settings, self._allocatable(request)))
         job = self._create_job(body, str(request.attempt_id))
         secret.metadata.owner_references = [mf.owner_reference(job)]
         self._ensure_secret(mf.to_dict(secret), str(request.attempt_id))
@@ -241,6 +242,17 @@ class KubernetesProvider:
             "placements": [{"node": p.node, "node_rank": p.node_rank}
                            for p in sorted(request.placements, key=lambda p: p.node_rank)],
         }
+
+    def _allocatable(self, request: LaunchRequest) -> dict | None:
+        """The smallest allocatable among the placed nodes, which sizes the
+        pods' CPU and memory (resources.py); not read when the pool sets both."""
+        pool = request.pool
+        if not pool.settings.guaranteed_qos or (pool.settings.cpu_per_gpu
+                                                and pool.settings.memory_per_gpu):
+            return None
+        placed = {p.node for p in request.placements}
+        return smallest_allocatable([n for n in self._pool_nodes(pool)
+                                     if n["metadata"]["name"] in placed])
 
     def _ensure_secret(self, secret: dict, attempt_id: str) -> None:
         name = secret["metadata"]["name"]

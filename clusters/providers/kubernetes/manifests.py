@@ -19,6 +19,8 @@ from controlplane.lib.errors import PermanentError
 
 from ..base import LaunchRequest, Placement, PoolInfo
 from .config import KubeSettings
+from .instances import efa_devices
+from .resources import cpu_memory
 
 API_VERSION = "kubeflow.org/v1"
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
@@ -45,6 +47,10 @@ TOKEN_KEY = "token"
 DEFAULT_NCCL_ENV = {"NCCL_DEBUG": "WARN"}
 EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1"}
 GPU_TOLERATION = {"key": GPU, "operator": "Exists", "effect": "NoSchedule"}
+# A training pod's node must not be taken away for consolidation or
+# scale-down while it runs: losing one node stops the whole gang.
+DISRUPTION_ANNOTATIONS = {"karpenter.sh/do-not-disrupt": "true",
+                          "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
 
 _api = k8s.ApiClient()
 
@@ -134,9 +140,11 @@ def nccl_env(pool: PoolInfo, settings: KubeSettings) -> dict[str, str]:
     return env
 
 
-def pytorch_job(request: LaunchRequest, settings: KubeSettings) -> kf.KubeflowOrgV1PyTorchJob:
+def pytorch_job(request: LaunchRequest, settings: KubeSettings,
+                allocatable: dict | None = None) -> kf.KubeflowOrgV1PyTorchJob:
     """The PyTorchJob for one attempt: a Master on the first placement and
-    Workers on the rest, one pod per node, each pinned to its chosen node."""
+    Workers on the rest, one pod per node, each pinned to its chosen node.
+    `allocatable` is the smallest placed node's (resources.py), if known."""
     if not request.placements:
         raise PermanentError(f"{request.name}: no placements")
     placements = sorted(request.placements, key=lambda p: p.node_rank)
@@ -152,6 +160,8 @@ def pytorch_job(request: LaunchRequest, settings: KubeSettings) -> kf.KubeflowOr
         name=request.name, labels=labels, image=request.image, command=command, env=env,
         gpus=request.pool.gpus_per_node, pool=request.pool, settings=settings,
         volumes=volumes + shm_volumes, mounts=mounts + shm_mounts,
+        cpu_memory=cpu_memory(request.pool, request.pool.gpus_per_node, allocatable),
+        annotations=dict(DISRUPTION_ANNOTATIONS),
     )
     replicas = {"Master": _replica(pod, [placements[0].node], 1)}
     if len(placements) > 1:
@@ -206,6 +216,8 @@ def preflight_job(pool: PoolInfo, placements: tuple[Placement, ...],
         command=["python", "-c", PREFLIGHT_SCRIPT], env=[_env(k, v) for k, v in sorted(
             nccl_env(pool, settings).items())],
         gpus=pool.gpus_per_node, pool=pool, settings=settings, volumes=[], mounts=[],
+        # A few seconds' check: no QoS to keep, nothing a consolidation would cost.
+        cpu_memory={}, annotations=None,
     )
     replicas = {"Master": _replica(pod, [placements[0].node], 1)}
     if len(placements) > 1:
@@ -253,9 +265,9 @@ def _job(name, labels, settings, replicas, nproc, node_count) -> kf.KubeflowOrgV
 def _replica(pod: _PodParts, nodes: list[str], count: int) -> kf.KubeflowOrgV1ReplicaSpec:
     settings: KubeSettings = pod.settings
     pool: PoolInfo = pod.pool
-    limits = {GPU: str(pod.gpus)}
+    limits = {GPU: str(pod.gpus), **pod.cpu_memory}
     if pool.efa:
-        limits[EFA] = str(pool.settings.efa_devices)
+        limits[EFA] = str(pool.settings.efa_devices or efa_devices(pool.instance_type))
     container = k8s.V1Container(
         name=CONTAINER, image=pod.image, command=pod.command, env=pod.env,
         resources=k8s.V1ResourceRequirements(limits=limits, requests=dict(limits)),
@@ -279,7 +291,9 @@ def _replica(pod: _PodParts, nodes: list[str], count: int) -> kf.KubeflowOrgV1Re
     return kf.KubeflowOrgV1ReplicaSpec(
         replicas=count, restart_policy="Never",
         template=k8s.V1PodTemplateSpec(
-            metadata=k8s.V1ObjectMeta(labels=dict(pod.labels)), spec=spec,
+            metadata=k8s.V1ObjectMeta(labels=dict(pod.labels),
+                                      annotations=pod.annotations),
+            spec=spec,
         ),
     )
 
