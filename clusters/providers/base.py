@@ -91,6 +91,10 @@ class LaunchRequest:
     # The trainer's environment (docs/trainer-protocol.md), token included.
     env: dict = field(default_factory=dict)
     checkpoint_uri: str = ""
+    # Nodes of the pool the attempt must not land on (cordoned, failed,
+    # replaced), for providers whose scheduler picks among the pool's nodes
+    # rather than taking `placements` as given (a Karpenter pool).
+    avoid_nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

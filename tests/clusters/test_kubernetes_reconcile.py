@@ -164,9 +164,10 @@ def test_a_jobs_launch_creates_its_pytorchjob_and_token_secret(db, standin, fsx)
     assert (replicas["Master"]["replicas"], replicas["Worker"]["replicas"]) == (1, 1)
     for kind, node in (("Master", placed[0]), ("Worker", placed[1])):
         spec = replicas[kind]["template"]["spec"]
-        terms = spec["affinity"]["nodeAffinity"][
-            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-        assert terms[0]["matchExpressions"][0]["values"] == [node]
+        # A Karpenter pool: the chosen node preferred, the pool by its labels.
+        (preferred,) = spec["affinity"]["nodeAffinity"][
+            "preferredDuringSchedulingIgnoredDuringExecution"]
+        assert preferred["preference"]["matchExpressions"][0]["values"] == [node]
         assert spec["nodeSelector"] == GROUP
         assert spec["volumes"] == [{"name": "checkpoints",
                                     "persistentVolumeClaim": {"claimName": "fsx-lustre"}}]

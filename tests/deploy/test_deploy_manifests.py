@@ -105,7 +105,7 @@ def test_the_control_plane_gets_exactly_the_verbs_it_uses():
     assert role["metadata"]["namespace"] == "regatta-training"
     assert rules(role) == {
         (("kubeflow.org",), "pytorchjobs"): sorted(["create", "get", "list", "watch", "delete"]),
-        (("",), "pods"): sorted(["get", "list", "watch"]),
+        (("",), "pods"): sorted(["get", "list", "watch", "create", "delete"]),
         (("",), "pods/eviction"): ["create"],
         (("",), "pods/log"): ["get"],
         (("",), "secrets"): sorted(["create", "delete", "get"]),
@@ -181,7 +181,11 @@ def test_the_provider_calls_only_what_the_role_grants():
         provider.stop(ref)
         provider.launch(make_request())
         provider.launch(make_request())  # a relaunch replaces its secret
-        provider.replace(make_pool(settings={"node_autoscaler": "karpenter"}), "ip-10-0-0-1")
+        karpenter = make_pool(settings={"node_autoscaler": "karpenter"})
+        provider.replace(karpenter, "ip-10-0-0-1")  # deletes the Node, asks a capacity pod
+        provider.provision_node(karpenter, "spare-0")
+        provider.list_nodes(karpenter)
+        provider.launch(make_request(name="job-7-k", pool=karpenter))  # frees capacity pods
         # A gang not started yet: its Kueue Workload or Volcano PodGroup is read.
         for gang in ("kueue", "volcano"):
             provider.settings = KubeSettings(preflight="dcgm-labels", gang_scheduler=gang,

@@ -504,3 +504,31 @@ def podgroup(job: dict, *, phase: str = "Pending", message: str = "") -> dict:
                  "queue": policy.get("queue", "default")},
         "status": {"phase": phase, "conditions": conditions},
     }
+
+
+def karpenter(standin: K8sStandIn, labels: dict, *, gpus: int = 8, prefix: str = "karp"):
+    """Play Karpenter for one NodePool: a pending pod that selects the pool's
+    `labels` gets a new node, which registers with those labels, and the
+    scheduler binds the pod to it. A deleted Node is gone (Karpenter's
+    finalizer terminates its instance) and nothing replaces it unless a pod
+    is pending. Returns the names of the nodes launched, in order."""
+    launched: list[str] = []
+
+    def hook(method, collection, obj):
+        if method != "POST" or not collection.endswith("/pods"):
+            return
+        spec = obj.get("spec") or {}
+        wanted = spec.get("nodeSelector") or {}
+        if spec.get("nodeName") or not wanted or any(labels.get(k) != v
+                                                     for k, v in wanted.items()):
+            return
+        name = f"{prefix}-{len(launched)}"
+        launched.append(name)
+        standin.put(NODES, node(name, gpus=gpus, labels=dict(labels),
+                                instance=f"i-0k{len(launched):015x}"))
+        spec["nodeName"] = name
+        obj["status"] = {"phase": "Running", "conditions": [
+            {"type": "PodScheduled", "status": "True",
+             "lastTransitionTime": "2026-01-01T00:01:00Z"}]}
+    standin.hooks.append(hook)
+    return launched

@@ -30,6 +30,7 @@ from ..base import (
     PoolInfo,
     PreflightResult,
 )
+from . import capacity
 from . import manifests as mf
 from .config import KubePoolSettings, KubeSettings, replace_mode
 from .errors import classify, is_status
@@ -145,6 +146,8 @@ class KubernetesProvider:
 
     def list_nodes(self, pool: PoolInfo) -> list[NodeInfo]:
         nodes = [node_info(n) for n in self._pool_nodes(pool)]
+        if pool.settings.node_autoscaler == "karpenter":
+            return nodes + self._spares_coming(pool, {n.name for n in nodes})
         if not pool.settings.asg_name:
             return nodes
         # An instance of the group that has not registered yet (a spare or a
@@ -155,7 +158,33 @@ class KubernetesProvider:
                    if _instance(n.provider_id) not in joined and n.name not in joined]
         return nodes + booting
 
+    def _capacity_pods(self, pool: PoolInfo, **query) -> list[dict]:
+        return self._json(f"list capacity pods of {pool.name}", self.core.list_namespaced_pod,
+                          self.ns, label_selector=capacity.selector(pool), **query
+                          ).get("items", [])
+
+    def _spares_coming(self, pool: PoolInfo, joined: set[str]) -> list[NodeInfo]:
+        """Spares asked of Karpenter whose node has not joined yet: listed not
+        ready under the name Regatta gave them, so their rows wait."""
+        coming = []
+        for pod in self._capacity_pods(pool):
+            name = (pod["metadata"].get("labels") or {}).get(capacity.LABEL_FOR)
+            if name and (pod.get("spec") or {}).get("nodeName") not in joined:
+                coming.append(NodeInfo(name=name, ready=False, gpus=pool.gpus_per_node))
+        return coming
+
+    def _ask_capacity(self, pool: PoolInfo, key: str, spare_name: str = "",
+                      avoid: tuple[str, ...] = ()) -> None:
+        body = mf.to_dict(capacity.capacity_pod(pool, self.settings, key,
+                                                spare_name=spare_name, avoid=avoid))
+        # 409: asked before (a repeated call), one pod all the same.
+        self._call(f"create capacity pod for {key}", self.core.create_namespaced_pod,
+                   self.ns, body, ok=(409,))
+
     def provision_node(self, pool: PoolInfo, name: str) -> NodeInfo:
+        if pool.settings.node_autoscaler == "karpenter":
+            self._ask_capacity(pool, f"spare/{name}", spare_name=name)
+            return NodeInfo(name=name, ready=False, gpus=pool.gpus_per_node)
         if not pool.settings.asg_name:
             raise PermanentError(
                 f"pool {pool.name}: spares come from its node group; set 'asg_name' to let "
@@ -220,6 +249,10 @@ class KubernetesProvider:
             if provider_id:
                 new = aws.replace(pool, provider_id)
         self._call(f"delete node {node}", self.core.delete_node, node, ok=(404,))
+        if mode == "node-delete":
+            # Karpenter launches only for a pending pod: ask for the successor,
+            # which joins the pool by its labels (list_nodes) in a later pass.
+            self._ask_capacity(pool, f"replaces/{node}", avoid=(node,))
         return new
 
     def inject_fault(self, pool: PoolInfo, node: str, kind: str) -> dict:
@@ -233,6 +266,7 @@ class KubernetesProvider:
         owner is set at creation."""
         secret = mf.token_secret(request, self.settings)
         body = mf.to_dict(mf.pytorch_job(request, self.settings, self._allocatable(request)))
+        self._release_capacity(request)
         job = self._create_job(body, str(request.attempt_id))
         secret.metadata.owner_references = [mf.owner_reference(job)]
         self._ensure_secret(mf.to_dict(secret), str(request.attempt_id))
@@ -242,6 +276,18 @@ class KubernetesProvider:
             "placements": [{"node": p.node, "node_rank": p.node_rank}
                            for p in sorted(request.placements, key=lambda p: p.node_rank)],
         }
+
+    def _release_capacity(self, request: LaunchRequest) -> None:
+        """Free the GPUs that capacity pods hold on the placed nodes, before
+        the training pods ask for them (capacity.py)."""
+        if request.pool.settings.node_autoscaler != "karpenter":
+            return
+        placed = {p.node for p in request.placements}
+        for pod in self._capacity_pods(request.pool):
+            if (pod.get("spec") or {}).get("nodeName") in placed:
+                name = pod["metadata"]["name"]
+                self._call(f"delete capacity pod {name}", self.core.delete_namespaced_pod,
+                           name, self.ns, grace_period_seconds=0, ok=(404,))
 
     def _allocatable(self, request: LaunchRequest) -> dict | None:
         """The smallest allocatable among the placed nodes, which sizes the

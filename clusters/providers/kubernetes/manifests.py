@@ -162,6 +162,8 @@ def pytorch_job(request: LaunchRequest, settings: KubeSettings,
         volumes=volumes + shm_volumes, mounts=mounts + shm_mounts,
         cpu_memory=cpu_memory(request.pool, request.pool.gpus_per_node, allocatable),
         annotations=dict(DISRUPTION_ANNOTATIONS),
+        # A node the attempt was placed on is never one to avoid.
+        avoid=tuple(sorted(set(request.avoid_nodes) - {p.node for p in placements})),
     )
     replicas = {"Master": _replica(pod, [placements[0].node], 1)}
     if len(placements) > 1:
@@ -217,7 +219,7 @@ def preflight_job(pool: PoolInfo, placements: tuple[Placement, ...],
             nccl_env(pool, settings).items())],
         gpus=pool.gpus_per_node, pool=pool, settings=settings, volumes=[], mounts=[],
         # A few seconds' check: no QoS to keep, nothing a consolidation would cost.
-        cpu_memory={}, annotations=None,
+        cpu_memory={}, annotations=None, avoid=(),
     )
     replicas = {"Master": _replica(pod, [placements[0].node], 1)}
     if len(placements) > 1:
@@ -280,7 +282,7 @@ def _replica(pod: _PodParts, nodes: list[str], count: int) -> kf.KubeflowOrgV1Re
         termination_grace_period_seconds=settings.termination_grace_s,
         node_selector=dict(pool.node_selector) or None,
         tolerations=_tolerations(pool),
-        affinity=_affinity(pod.name, nodes),
+        affinity=_affinity(pod.name, nodes, pool, pod.avoid),
         volumes=pod.volumes or None,
         service_account_name=settings.service_account or None,
         scheduler_name="volcano" if settings.gang_scheduler == "volcano" else None,
@@ -298,24 +300,46 @@ def _replica(pod: _PodParts, nodes: list[str], count: int) -> kf.KubeflowOrgV1Re
     )
 
 
-def _affinity(name: str, nodes: list[str]) -> k8s.V1Affinity:
-    pin = k8s.V1NodeSelectorTerm(match_expressions=[
-        k8s.V1NodeSelectorRequirement(key=HOSTNAME, operator="In", values=sorted(nodes)),
-    ])
-    # One pod per node, so Workers spread over exactly the chosen nodes.
+def _affinity(name: str, nodes: list[str], pool: PoolInfo,
+              avoid: tuple[str, ...] = ()) -> k8s.V1Affinity:
+    # One pod per node, so Workers spread over exactly as many nodes.
     apart = k8s.V1PodAffinityTerm(
         topology_key=HOSTNAME,
         label_selector=k8s.V1LabelSelector(match_labels={OPERATOR_JOB_LABEL: name}),
     )
-    return k8s.V1Affinity(
-        node_affinity=k8s.V1NodeAffinity(
+    if pool.settings.node_autoscaler == "karpenter":
+        node_affinity = _pool_affinity(nodes, avoid)
+    else:
+        pin = k8s.V1NodeSelectorTerm(match_expressions=[
+            k8s.V1NodeSelectorRequirement(key=HOSTNAME, operator="In", values=sorted(nodes)),
+        ])
+        node_affinity = k8s.V1NodeAffinity(
             required_during_scheduling_ignored_during_execution=k8s.V1NodeSelector(
-                node_selector_terms=[pin]),
-        ),
+                node_selector_terms=[pin]))
+    return k8s.V1Affinity(
+        node_affinity=node_affinity,
         pod_anti_affinity=k8s.V1PodAntiAffinity(
             required_during_scheduling_ignored_during_execution=[apart],
         ),
     )
+
+
+def _pool_affinity(nodes: list[str], avoid: tuple[str, ...]) -> k8s.V1NodeAffinity | None:
+    """A Karpenter pool: any node of the pool (its nodeSelector) except those
+    out of service, the chosen ones preferred. Karpenter does not provision
+    for a pod pinned to hostnames that no longer exist, so a hard pin would
+    leave a relaunch pending forever after a node is replaced."""
+    required = None
+    if avoid:
+        required = k8s.V1NodeSelector(node_selector_terms=[k8s.V1NodeSelectorTerm(
+            match_expressions=[k8s.V1NodeSelectorRequirement(
+                key=HOSTNAME, operator="NotIn", values=list(avoid))])])
+    preferred = [k8s.V1PreferredSchedulingTerm(weight=100, preference=k8s.V1NodeSelectorTerm(
+        match_expressions=[k8s.V1NodeSelectorRequirement(
+            key=HOSTNAME, operator="In", values=sorted(nodes))]))]
+    return k8s.V1NodeAffinity(
+        required_during_scheduling_ignored_during_execution=required,
+        preferred_during_scheduling_ignored_during_execution=preferred)
 
 
 def _tolerations(pool: PoolInfo) -> list[k8s.V1Toleration]:
