@@ -66,6 +66,14 @@ class HealthSignal:
     key: str = ""
 
 
+def interruption_key(instance: str, warning: bool) -> str:
+    """The key of a spot interruption (or rebalance recommendation) of one
+    instance, whichever source reported it: an EC2 notice read from SQS, or
+    the taint AWS Node Termination Handler puts on the Node. An instance is
+    interrupted once, so both sources make one health event, and one drain."""
+    return f"spot-{'interruption' if warning else 'rebalance'}/{instance}"
+
+
 @dataclass(frozen=True)
 class Placement:
     node: str

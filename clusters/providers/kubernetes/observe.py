@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..base import AttemptStatus, HealthSignal, NodeInfo, NodeProcess, StartIssue
+from ..base import (
+    AttemptStatus,
+    HealthSignal,
+    NodeInfo,
+    NodeProcess,
+    StartIssue,
+    interruption_key,
+)
 from .config import KubeSettings
 from .manifests import CONTAINER, GPU, OPERATOR_INDEX_LABEL, OPERATOR_TYPE_LABEL
 
@@ -289,12 +296,15 @@ def node_signals(node: dict, settings: KubeSettings) -> list[HealthSignal]:
             evidence={"capacity": capacity, "allocatable": allocatable},
             key=f"{name}/gpu-allocatable/{allocatable}-of-{capacity}",
         ))
+    instance = ((node.get("spec") or {}).get("providerID") or "").rstrip("/").rsplit("/", 1)[-1]
     for taint in (node.get("spec") or {}).get("taints") or []:
         if taint.get("key") in SPOT_TAINTS:
             kind, severity = SPOT_TAINTS[taint["key"]]
+            # Keyed by the instance like the SQS notice of the same interruption.
+            key = (interruption_key(instance, severity == "critical") if instance.startswith("i-")
+                   else f"{name}/{taint['key']}/{taint.get('timeAdded', taint.get('value', ''))}")
             signals.append(HealthSignal(
                 node=name, kind=kind, severity=severity,
-                message=f"tainted {taint['key']}", evidence={"taint": taint},
-                key=f"{name}/{taint['key']}/{taint.get('timeAdded', taint.get('value', ''))}",
+                message=f"tainted {taint['key']}", evidence={"taint": taint}, key=key,
             ))
     return signals
