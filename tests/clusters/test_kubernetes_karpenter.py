@@ -163,3 +163,29 @@ def test_a_karpenter_spare_is_a_capacity_pod_until_its_node_joins(db, standin):
     assert [n.name for n in spares] == ["karp-x"]
     assert working(cluster) == ["n1"]
     assert len(standin.store[PODS]) == 1  # no second ask
+
+
+def test_a_capacity_pod_round_trips_through_the_official_models():
+    pod = capacity.capacity_pod(karpenter_pool(efa=True), KubeSettings(priority_class="low"),
+                                "replaces/n1", spare_name="eks-a-h100-3", avoid=("n1",))
+    data = mf.to_dict(pod)
+    assert mf.to_dict(mf.from_dict(data, "V1Pod")) == data
+    assert data["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
+    assert data["metadata"]["labels"][capacity.LABEL_FOR] == "eks-a-h100-3"
+    assert data["spec"]["priorityClassName"] == "low"
+    # Sized like a training pod of the pool, so Karpenter picks the same type.
+    limits = data["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"nvidia.com/gpu": "8", "cpu": "172800m", "memory": "1887436Mi"}
+
+
+def test_a_preflight_in_a_karpenter_pool_runs_on_exactly_its_nodes():
+    from clusters.providers.base import Placement
+
+    job = mf.to_dict(mf.preflight_job(karpenter_pool(), (Placement("n1", 0),
+                                                          Placement("n2", 1)),
+                                      KubeSettings(), "nonce"))
+    spec = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    (term,) = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    assert term["matchExpressions"] == [{"key": "kubernetes.io/hostname", "operator": "In",
+                                         "values": ["n2"]}]

@@ -266,7 +266,7 @@ class KubernetesProvider:
         owner is set at creation."""
         secret = mf.token_secret(request, self.settings)
         body = mf.to_dict(mf.pytorch_job(request, self.settings, self._allocatable(request)))
-        self._release_capacity(request)
+        self._release_capacity(request.pool, {p.node for p in request.placements})
         job = self._create_job(body, str(request.attempt_id))
         secret.metadata.owner_references = [mf.owner_reference(job)]
         self._ensure_secret(mf.to_dict(secret), str(request.attempt_id))
@@ -277,13 +277,12 @@ class KubernetesProvider:
                            for p in sorted(request.placements, key=lambda p: p.node_rank)],
         }
 
-    def _release_capacity(self, request: LaunchRequest) -> None:
+    def _release_capacity(self, pool: PoolInfo, placed: set[str]) -> None:
         """Free the GPUs that capacity pods hold on the placed nodes, before
-        the training pods ask for them (capacity.py)."""
-        if request.pool.settings.node_autoscaler != "karpenter":
+        the training (or preflight) pods ask for them (capacity.py)."""
+        if pool.settings.node_autoscaler != "karpenter":
             return
-        placed = {p.node for p in request.placements}
-        for pod in self._capacity_pods(request.pool):
+        for pod in self._capacity_pods(pool):
             if (pod.get("spec") or {}).get("nodeName") in placed:
                 name = pod["metadata"]["name"]
                 self._call(f"delete capacity pod {name}", self.core.delete_namespaced_pod,
@@ -390,6 +389,8 @@ class KubernetesProvider:
                   timeout_s: float = 60.0) -> PreflightResult:
         if self.settings.preflight == "dcgm-labels":
             return run_dcgm_labels(self, placements)
+        # The check's pods need the GPUs a Karpenter spare's capacity pod holds.
+        self._release_capacity(pool, {p.node for p in placements})
         return run_allreduce(self, pool, placements, timeout_s)
 
     def watch_job(self, name: str, timeout_s: float) -> dict | None:

@@ -164,6 +164,7 @@ def pytorch_job(request: LaunchRequest, settings: KubeSettings,
         annotations=dict(DISRUPTION_ANNOTATIONS),
         # A node the attempt was placed on is never one to avoid.
         avoid=tuple(sorted(set(request.avoid_nodes) - {p.node for p in placements})),
+        pin=False,
     )
     replicas = {"Master": _replica(pod, [placements[0].node], 1)}
     if len(placements) > 1:
@@ -219,7 +220,7 @@ def preflight_job(pool: PoolInfo, placements: tuple[Placement, ...],
             nccl_env(pool, settings).items())],
         gpus=pool.gpus_per_node, pool=pool, settings=settings, volumes=[], mounts=[],
         # A few seconds' check: no QoS to keep, nothing a consolidation would cost.
-        cpu_memory={}, annotations=None, avoid=(),
+        cpu_memory={}, annotations=None, avoid=(), pin=True,
     )
     replicas = {"Master": _replica(pod, [placements[0].node], 1)}
     if len(placements) > 1:
@@ -282,7 +283,7 @@ def _replica(pod: _PodParts, nodes: list[str], count: int) -> kf.KubeflowOrgV1Re
         termination_grace_period_seconds=settings.termination_grace_s,
         node_selector=dict(pool.node_selector) or None,
         tolerations=_tolerations(pool),
-        affinity=_affinity(pod.name, nodes, pool, pod.avoid),
+        affinity=_affinity(pod.name, nodes, pool, pod.avoid, pod.pin),
         volumes=pod.volumes or None,
         service_account_name=settings.service_account or None,
         scheduler_name="volcano" if settings.gang_scheduler == "volcano" else None,
@@ -300,14 +301,15 @@ def _replica(pod: _PodParts, nodes: list[str], count: int) -> kf.KubeflowOrgV1Re
     )
 
 
-def _affinity(name: str, nodes: list[str], pool: PoolInfo,
-              avoid: tuple[str, ...] = ()) -> k8s.V1Affinity:
+def _affinity(name: str, nodes: list[str], pool: PoolInfo, avoid: tuple[str, ...] = (),
+              pin: bool = False) -> k8s.V1Affinity:
+    """`pin`: on exactly `nodes` whatever the pool (a preflight checks those)."""
     # One pod per node, so Workers spread over exactly as many nodes.
     apart = k8s.V1PodAffinityTerm(
         topology_key=HOSTNAME,
         label_selector=k8s.V1LabelSelector(match_labels={OPERATOR_JOB_LABEL: name}),
     )
-    if pool.settings.node_autoscaler == "karpenter":
+    if pool.settings.node_autoscaler == "karpenter" and not pin:
         node_affinity = _pool_affinity(nodes, avoid)
     else:
         pin = k8s.V1NodeSelectorTerm(match_expressions=[
