@@ -152,6 +152,11 @@ def _watch(ctx: Ctx) -> Result:
         return _relaunch_now(ctx, Result.after(0, "restart asked"))
     found = detect(ctx, attempt, status)
     if found.waits:
+        # A drain or a spot notice on its nodes is acted on even before the
+        # gang starts (its wait for a checkpoint is bounded).
+        result = preempt.check(ctx, attempt)
+        if result is not None:
+            return _relaunch_now(ctx, result)
         return waiting.note(ctx, attempt, found.waits)
     waiting.clear(ctx, attempt)
     if found.wait_for_root_cause:
