@@ -18,7 +18,7 @@ from typing import Any
 
 from controlplane.lib.errors import PermanentError, TemporaryError
 
-from .base import HealthSignal, NodeInfo, PoolInfo
+from .base import HealthSignal, NodeInfo, PoolInfo, interruption_key
 
 SPOT_WARNING = "EC2 Spot Instance Interruption Warning"
 REBALANCE = "EC2 Instance Rebalance Recommendation"
@@ -275,6 +275,11 @@ class AwsProvider:
 def _event(body: str) -> dict | None:
     try:
         event = json.loads(body)
+        if isinstance(event, dict) and event.get("Type") == "Notification" and isinstance(
+                event.get("Message"), str):
+            # EventBridge -> SNS -> SQS without raw message delivery: the
+            # event is the string in SNS's envelope.
+            event = json.loads(event["Message"])
     except ValueError:
         return None
     if not isinstance(event, dict) or event.get("detail-type") not in (SPOT_WARNING, REBALANCE):
@@ -294,5 +299,5 @@ def _signal(event: dict, node: NodeInfo) -> HealthSignal:
         evidence={"event_id": event.get("id"), "detail_type": event["detail-type"],
                   "time": event.get("time"), "detail": event["detail"],
                   "provider_id": node.provider_id},
-        key=f"aws-event/{event.get('id') or event['detail']['instance-id']}",
+        key=interruption_key(event["detail"]["instance-id"], warning),
     )

@@ -66,6 +66,14 @@ class HealthSignal:
     key: str = ""
 
 
+def interruption_key(instance: str, warning: bool) -> str:
+    """The key of a spot interruption (or rebalance recommendation) of one
+    instance, whichever source reported it: an EC2 notice read from SQS, or
+    the taint AWS Node Termination Handler puts on the Node. An instance is
+    interrupted once, so both sources make one health event, and one drain."""
+    return f"spot-{'interruption' if warning else 'rebalance'}/{instance}"
+
+
 @dataclass(frozen=True)
 class Placement:
     node: str
@@ -91,6 +99,10 @@ class LaunchRequest:
     # The trainer's environment (docs/trainer-protocol.md), token included.
     env: dict = field(default_factory=dict)
     checkpoint_uri: str = ""
+    # Nodes of the pool the attempt must not land on (cordoned, failed,
+    # replaced), for providers whose scheduler picks among the pool's nodes
+    # rather than taking `placements` as given (a Karpenter pool).
+    avoid_nodes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -108,12 +120,43 @@ class NodeProcess:
 
 
 @dataclass(frozen=True)
+class StartIssue:
+    """Why an attempt, or one node's part of it, has not started, read
+    before any process ran (a pod's waiting state, the scheduler, a queue).
+
+    `user_error` marks the job's own mistake (an image that does not exist,
+    a Secret it names that is missing): no relaunch can fix it, so the job
+    fails fast. Anything else is a wait (capacity, a queue's quota): the
+    attempt is neither running nor hung, and its reason is shown."""
+
+    reason: str  # the platform's word: ImagePullBackOff, Unschedulable, ...
+    message: str = ""
+    user_error: bool = False
+    node_rank: int | None = None  # None: the attempt as a whole (a queue)
+
+    def describe(self) -> str:
+        where = "" if self.node_rank is None else f"rank {self.node_rank}: "
+        return f"{where}{self.reason}: {self.message}".rstrip(": ")
+
+
+@dataclass(frozen=True)
 class AttemptStatus:
     """What the provider observes of an attempt."""
 
     state: str  # "running" | "succeeded" | "failed" | "unknown"
     nodes: tuple[NodeProcess, ...] = ()
     message: str = ""
+    # Why parts of a "running" attempt have not started yet; providers that
+    # cannot tell leave it empty, and start-up deadlines alone apply.
+    start_issues: tuple[StartIssue, ...] = ()
+
+    @property
+    def user_errors(self) -> tuple[StartIssue, ...]:
+        return tuple(i for i in self.start_issues if i.user_error)
+
+    @property
+    def waits(self) -> tuple[StartIssue, ...]:
+        return tuple(i for i in self.start_issues if not i.user_error)
 
     @property
     def failed_nodes(self) -> tuple[NodeProcess, ...]:

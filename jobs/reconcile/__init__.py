@@ -23,7 +23,7 @@ from controlplane.lib.reconcile import Result
 
 from .. import checkpoint_interval, goodput, scheduling
 from ..models import NO_HEARTBEATS, JobAttempt, Phase, RankStatus, TrainingJob
-from . import failures, finish, launch, preempt
+from . import failures, finish, launch, preempt, waiting
 from .common import Ctx
 from .detect import ALL_REPORTING, Failure, detect
 
@@ -151,6 +151,14 @@ def _watch(ctx: Ctx) -> Result:
     if _person_asked_restart(ctx, attempt):
         return _relaunch_now(ctx, Result.after(0, "restart asked"))
     found = detect(ctx, attempt, status)
+    if found.waits:
+        # A drain or a spot notice on its nodes is acted on even before the
+        # gang starts (its wait for a checkpoint is bounded).
+        result = preempt.check(ctx, attempt)
+        if result is not None:
+            return _relaunch_now(ctx, result)
+        return waiting.note(ctx, attempt, found.waits)
+    waiting.clear(ctx, attempt)
     if found.wait_for_root_cause:
         return Result.after(0.5, "waiting for the root cause")
     if found.failure is not None:
@@ -220,7 +228,10 @@ def _running_without_heartbeats(ctx: Ctx, attempt: JobAttempt, status) -> bool:
     noted = ctx.condition(NO_HEARTBEATS)
     if noted is not None and noted.get("attempt") == attempt.id:
         return True
-    alive = status.state == "running" and status.nodes and all(n.running for n in status.nodes)
+    alive = (status.state == "running" and status.nodes and all(n.running for n in status.nodes)
+             # Pods not started yet (pulling, unschedulable) are not a program
+             # that runs without reporting.
+             and not status.start_issues)
     if not alive or attempt.started_at is None:
         return False
     if (ctx.now - attempt.started_at).total_seconds() < NO_HEARTBEAT_GRACE_S:

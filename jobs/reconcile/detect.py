@@ -47,11 +47,19 @@ class Failure:
 
 @dataclass(frozen=True)
 class Detection:
-    """What a look at a running attempt found: a failure, nothing, or a
-    failure whose root cause may still show up (wait, then look again)."""
+    """What a look at a running attempt found: a failure, nothing, a
+    failure whose root cause may still show up (wait, then look again), or a
+    gang held back before it started (the provider's StartIssues: capacity,
+    a queue), which is a wait with its reason, never a hang."""
 
     failure: Failure | None = None
     wait_for_root_cause: bool = False
+    waits: tuple = ()
+
+
+# The job condition that remembers an attempt waited to start (waiting.py
+# keeps it); the first-heartbeat deadline counts from the end of that wait.
+START_WAIT = "StartWait"
 
 
 def node_class(proc, ranks_per_node: int) -> str | None:
@@ -240,11 +248,16 @@ def _silence(ctx: Ctx, attempt: JobAttempt, ranks) -> Failure | None:
 
 
 def _never_reported(ctx: Ctx, attempt: JobAttempt, ranks) -> list[int]:
-    """Ranks with no heartbeat at all, once the first-heartbeat deadline passed."""
+    """Ranks with no heartbeat at all, once the first-heartbeat deadline passed
+    since the launch, or since the gang last waited for capacity or a queue."""
     world = ctx.job.world_size
     if attempt.started_at is None or len(ranks) >= world:
         return []
-    waited = (ctx.now - attempt.started_at).total_seconds()
+    since = attempt.started_at
+    wait = ctx.condition(START_WAIT)
+    if wait is not None and wait.get("attempt") == attempt.id:
+        since = max(since, datetime.fromtimestamp(wait["last"], tz=ctx.now.tzinfo))
+    waited = (ctx.now - since).total_seconds()
     if waited <= ctx.config.first_heartbeat_deadline_s:
         return []
     seen = {r.rank for r in ranks}
@@ -299,7 +312,25 @@ def detect(ctx: Ctx, attempt: JobAttempt, status) -> Detection:
         # Every rank exited 0: silent heartbeats since then are the ranks
         # having finished, however late this pass comes, not a hang.
         return Detection()
-    return Detection(health_failure(ctx, attempt) or hang_failure(ctx, attempt))
+    user_errors = status.user_errors
+    if user_errors:
+        return Detection(start_failure(user_errors))
+    health = health_failure(ctx, attempt)
+    waits = status.waits
+    if health is None and waits:
+        return Detection(waits=waits)
+    return Detection(health or hang_failure(ctx, attempt))
+
+
+def start_failure(issues) -> Failure:
+    """The job's own mistake seen before any process ran (an image that does
+    not exist, a Secret it names that is missing): a code error, failed fast
+    with the platform's message, since no relaunch can fix it."""
+    first = issues[0]
+    return Failure(FailureClass.CODE, f"the attempt cannot start: {first.describe()}"[:500],
+                   evidence={"start_issues": [{"reason": i.reason, "message": i.message,
+                                               "node_rank": i.node_rank} for i in issues]},
+                   replace=False)
 
 
 def _settle_transient(ctx: Ctx, attempt: JobAttempt, status, failure: Failure) -> Detection:

@@ -104,6 +104,20 @@ def _no_nodes(ctx: Ctx) -> Result:
     return Result.after(ctx.config.queue_interval_s, reason)
 
 
+# Enough to cover a pool's recent casualties; older ones are gone from the
+# provider (replaced, terminated) and need no avoiding.
+AVOID_MAX = 50
+
+
+def _avoid(ctx: Ctx) -> tuple[str, ...]:
+    """The pool's nodes out of service, newest first: a provider whose
+    scheduler chooses the nodes keeps the attempt off them."""
+    out = (Node.State.CORDONED, Node.State.DRAINING, Node.State.FAILED, Node.State.REPLACED)
+    names = (Node.objects.filter(pool=ctx.pool, state__in=out)
+             .order_by("-state_changed_at", "-id").values_list("name", flat=True)[:AVOID_MAX])
+    return tuple(sorted(names))
+
+
 def _placements(attempt: JobAttempt) -> tuple[Placement, ...]:
     return tuple(
         Placement(node=p.node.name, node_rank=p.node_rank, provider_id=p.node.provider_id,
@@ -242,6 +256,7 @@ def _launch(ctx: Ctx, attempt: JobAttempt) -> None:
         name=f"job-{job.id}-a{attempt.number}", pool=ctx.pool_info, placements=placements,
         nproc_per_node=job.gpus_per_node, image=job.image, command=_command(job),
         env=env, checkpoint_uri=env["REGATTA_CHECKPOINT_URI"],
+        avoid_nodes=_avoid(ctx),
     )
     # Launching on a job another worker has taken since would double the gang.
     locks.ensure_held()

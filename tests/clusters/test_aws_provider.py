@@ -155,7 +155,7 @@ def test_it_turns_a_spot_interruption_warning_into_a_signal(aws, provider, group
     assert (rebalance.kind, rebalance.severity) == ("spot_notice", "warning")
     assert warning.node.startswith("ip-")
     assert warning.evidence["detail"]["instance-action"] == "terminate"
-    assert warning.key.startswith("aws-event/")
+    assert warning.key == f"spot-interruption/{ids[0]}"  # the NTH taint's key too
     assert counts(sqs, url) == (0, 0)  # handled, and the junk, are deleted
 
 
@@ -284,3 +284,38 @@ def test_kubernetes_health_includes_spot_notices_from_the_queue(aws, group):  # 
         provider = kube_with_aws(standin, aws)
         (signal,) = provider.health_signals(asg_pool(group, spot_queue_url=url))
         assert signal.kind == "spot_notice" and ids[1] in signal.evidence["provider_id"]
+
+
+def sns_envelope(event: str) -> str:
+    """What SQS holds when EventBridge publishes to SNS and SNS to SQS
+    without raw message delivery: the event as a string in SNS's envelope."""
+    return json.dumps({
+        "Type": "Notification", "MessageId": str(uuid.uuid4()),
+        "TopicArn": f"arn:aws:sns:{REGION}:123456789012:spot-notices",
+        "Message": event, "Timestamp": "2026-01-05T10:00:01.000Z",
+        "SignatureVersion": "1", "Signature": "c2lnbmF0dXJl",
+        "SigningCertURL": "https://sns.example/cert.pem",
+        "UnsubscribeURL": "https://sns.example/unsubscribe"})
+
+
+def test_a_notice_in_an_sns_envelope_is_read_not_deleted_unread(aws, provider, group):  # noqa: F811
+    ids = make_group(aws, group)
+    sqs, url = queue(aws)
+    sqs.send_message(QueueUrl=url, MessageBody=sns_envelope(spot_event(ids[0])))
+    sqs.send_message(QueueUrl=url, MessageBody=sns_envelope("not json"))
+
+    (signal,) = provider.spot_signals(asg_pool(group, spot_queue_url=url))
+
+    assert (signal.kind, signal.severity) == ("spot_notice", "critical")
+    assert signal.evidence["detail"]["instance-id"] == ids[0]
+    assert signal.key == f"spot-interruption/{ids[0]}"
+    assert counts(sqs, url) == (0, 0)
+
+
+def test_another_clusters_notice_in_an_sns_envelope_is_left_for_it(aws, provider, group):  # noqa: F811
+    make_group(aws, group)
+    other = make_group(aws, unique("other"))
+    sqs, url = queue(aws)
+    sqs.send_message(QueueUrl=url, MessageBody=sns_envelope(spot_event(other[0])))
+    assert provider.spot_signals(asg_pool(group, spot_queue_url=url)) == []
+    assert counts(sqs, url) == (0, 1)  # hidden for its owner, not deleted

@@ -15,7 +15,7 @@ from django.utils import timezone
 from clusters.models import Cluster, Node, NodeHealthEvent, NodePool
 from clusters.providers.aws import instance_id
 from clusters.reconcile import reconcile_cluster
-from tests.clusters.test_aws_provider import counts, desired, queue, spot_event
+from tests.clusters.test_aws_provider import counts, desired, queue, sns_envelope, spot_event
 from tests.fleet_helpers import later
 from tests.support import k8s_standin as st
 from tests.support.aws_standin import (  # noqa: F401  (fixtures)
@@ -159,6 +159,26 @@ def test_a_spot_notice_for_an_idle_node_replaces_it(aws, standin, fleet):  # noq
     assert (event.kind, event.severity) == ("spot_notice", "critical")
     assert event.handled_at is not None
     assert event.evidence["detail"]["instance-action"] == "terminate"
+    assert counts(sqs, url) == (0, 0)
+    check_replaced(aws, standin, fleet, old, fleet["ids"], later(now, 1))
+    assert NodeHealthEvent.objects.filter(node__cluster=cluster).count() == 1
+
+
+def test_an_sns_wrapped_notice_and_the_nth_taint_are_one_interruption(aws, standin, fleet):  # noqa: F811
+    """EventBridge -> SNS -> SQS, and Node Termination Handler's taint on the
+    same node (TAINT_NODE=true): one health event, one replacement."""
+    cluster, now, sqs, url = fleet["cluster"], fleet["now"], fleet["sqs"], fleet["spot_url"]
+    old = Node.objects.filter(cluster=cluster, is_spare=False).order_by("name").first()
+    iid = instance_id(old.provider_id)
+    standin.get(st.NODES, old.name)["spec"]["taints"] = [
+        {"key": "aws-node-termination-handler/spot-itn", "value": "1700000000",
+         "effect": "NoSchedule", "timeAdded": "2026-01-05T10:00:02Z"}]
+    sqs.send_message(QueueUrl=url, MessageBody=sns_envelope(spot_event(iid)))
+
+    reconcile_cluster(cluster.id, later(now, 1))
+
+    (event,) = NodeHealthEvent.objects.filter(node=old)
+    assert event.kind == "spot_notice" and event.evidence["key"] == f"spot-interruption/{iid}"
     assert counts(sqs, url) == (0, 0)
     check_replaced(aws, standin, fleet, old, fleet["ids"], later(now, 1))
     assert NodeHealthEvent.objects.filter(node__cluster=cluster).count() == 1

@@ -141,7 +141,8 @@ def test_it_requests_gpus_and_efa_devices_per_pod_with_the_pool_selectors():
     job = mf.to_dict(mf.pytorch_job(make_request(pool=pool), KubeSettings()))
     for replica in ("Master", "Worker"):
         resources = container(job, replica)["resources"]
-        assert resources["limits"] == {"nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32"}
+        assert resources["limits"] == {"nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "32",
+                                       "cpu": "172800m", "memory": "1887436Mi"}
         assert resources["requests"] == resources["limits"]
         spec = pod_spec(job, replica)
         assert spec["nodeSelector"] == {"eks.amazonaws.com/nodegroup": "h100"}
@@ -339,3 +340,55 @@ def test_a_bad_toleration_is_a_permanent_error():
 
 def test_kubeflow_models_are_what_is_built():
     assert isinstance(mf.pytorch_job(make_request(), KubeSettings()), kf.KubeflowOrgV1PyTorchJob)
+
+
+# --- QoS, disruption and EFA defaults ------------------------------------------
+
+def resources_of(pool, allocatable=None):
+    job = mf.to_dict(mf.pytorch_job(make_request(pool=pool), KubeSettings(), allocatable))
+    return container(job, "Master")["resources"]
+
+
+def test_pods_are_guaranteed_qos_sized_from_the_placed_nodes_allocatable():
+    resources = resources_of(make_pool(), {"cpu": "191", "memory": "2000Gi", "gpus": "8"})
+    # All 8 GPUs of the node: its allocatable less a tenth for its DaemonSets.
+    assert resources["limits"] == {"nvidia.com/gpu": "8", "cpu": "171900m",
+                                   "memory": "1843200Mi"}
+    assert resources["requests"] == resources["limits"]
+
+
+def test_a_pool_may_set_cpu_and_memory_per_gpu_or_turn_qos_off():
+    pool = make_pool(gpus_per_node=4, settings={"cpu_per_gpu": "22", "memory_per_gpu": "230Gi"})
+    assert resources_of(pool)["limits"] == {"nvidia.com/gpu": "4", "cpu": "88",
+                                            "memory": f"{4 * 230 * 1024}Mi"}
+    off = make_pool(settings={"guaranteed_qos": False})
+    assert resources_of(off)["limits"] == {"nvidia.com/gpu": "8"}
+    # An instance type Regatta does not know, and no node read: GPUs only.
+    assert resources_of(make_pool(instance_type="x9.huge"))["limits"] == {"nvidia.com/gpu": "8"}
+
+
+def test_a_bad_quantity_is_a_permanent_error_naming_the_key():
+    pool = make_pool(settings={"cpu_per_gpu": "lots", "memory_per_gpu": "1Gi"})
+    with pytest.raises(PermanentError, match="cpu_per_gpu"):
+        mf.pytorch_job(make_request(pool=pool), KubeSettings())
+
+
+def test_training_pods_ask_node_autoscalers_not_to_disrupt_them():
+    job = mf.to_dict(mf.pytorch_job(make_request(), KubeSettings()))
+    for replica in ("Master", "Worker"):
+        meta = job["spec"]["pytorchReplicaSpecs"][replica]["template"]["metadata"]
+        assert meta["annotations"] == {"karpenter.sh/do-not-disrupt": "true",
+                                       "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
+
+
+@pytest.mark.parametrize("instance_type,settings,expected", [
+    ("p5.48xlarge", {}, "32"),
+    ("p5en.48xlarge", {}, "16"),
+    ("p4d.24xlarge", {}, "4"),
+    ("g5.48xlarge", {}, "1"),
+    ("x9.huge", {}, "1"),
+    ("p5.48xlarge", {"efa_devices": 8}, "8"),
+])
+def test_efa_devices_default_to_the_instance_types_count(instance_type, settings, expected):
+    pool = make_pool(instance_type=instance_type, efa=True, settings=settings)
+    assert resources_of(pool)["limits"]["vpc.amazonaws.com/efa"] == expected

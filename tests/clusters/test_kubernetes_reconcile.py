@@ -164,15 +164,20 @@ def test_a_jobs_launch_creates_its_pytorchjob_and_token_secret(db, standin, fsx)
     assert (replicas["Master"]["replicas"], replicas["Worker"]["replicas"]) == (1, 1)
     for kind, node in (("Master", placed[0]), ("Worker", placed[1])):
         spec = replicas[kind]["template"]["spec"]
-        terms = spec["affinity"]["nodeAffinity"][
-            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-        assert terms[0]["matchExpressions"][0]["values"] == [node]
+        # A Karpenter pool: the chosen node preferred, the pool by its labels.
+        (preferred,) = spec["affinity"]["nodeAffinity"][
+            "preferredDuringSchedulingIgnoredDuringExecution"]
+        assert preferred["preference"]["matchExpressions"][0]["values"] == [node]
         assert spec["nodeSelector"] == GROUP
         assert spec["volumes"] == [{"name": "checkpoints",
                                     "persistentVolumeClaim": {"claimName": "fsx-lustre"}}]
         (container,) = spec["containers"]
         assert container["image"] == "registry.example/trainer:2.1"
-        assert container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+        # Guaranteed QoS, sized from the nodes' allocatable (191 CPUs, 2000Gi)
+        # less a tenth for their DaemonSets.
+        assert container["resources"]["limits"] == {
+            "nvidia.com/gpu": "8", "cpu": "171900m", "memory": "1843200Mi"}
+        assert container["resources"]["requests"] == container["resources"]["limits"]
         env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
         assert env["REGATTA_URL"] == settings.PUBLIC_URL
         assert env["REGATTA_JOB_ID"] == str(job.id)

@@ -110,12 +110,14 @@ def test_the_control_plane_gets_exactly_the_verbs_it_uses():
     assert role["metadata"]["namespace"] == "regatta-training"
     assert rules(role) == {
         (("kubeflow.org",), "pytorchjobs"): sorted(["create", "get", "list", "watch", "delete"]),
-        (("",), "pods"): sorted(["get", "list", "watch"]),
+        (("",), "pods"): sorted(["get", "list", "watch", "create", "delete"]),
         (("",), "pods/eviction"): ["create"],
         (("",), "pods/log"): ["get"],
         (("",), "secrets"): sorted(["create", "delete", "get"]),
+        (("kueue.x-k8s.io",), "workloads"): ["list"],
+        (("scheduling.volcano.sh",), "podgroups"): ["get"],
     }
-    assert len(role["rules"]) == 5
+    assert len(role["rules"]) == 7
     nodes = found[("ClusterRole", "regatta-nodes")]
     assert rules(nodes) == {
         (("",), "nodes"): sorted(["get", "list", "watch", "patch", "delete"])}
@@ -184,7 +186,16 @@ def test_the_provider_calls_only_what_the_role_grants():
         provider.stop(ref)
         provider.launch(make_request())
         provider.launch(make_request())  # a relaunch replaces its secret
-        provider.replace(make_pool(settings={"node_autoscaler": "karpenter"}), "ip-10-0-0-1")
+        karpenter = make_pool(settings={"node_autoscaler": "karpenter"})
+        provider.replace(karpenter, "ip-10-0-0-1")  # deletes the Node, asks a capacity pod
+        provider.provision_node(karpenter, "spare-0")
+        provider.list_nodes(karpenter)
+        provider.launch(make_request(name="job-7-k", pool=karpenter))  # frees capacity pods
+        # A gang not started yet: its Kueue Workload or Volcano PodGroup is read.
+        for gang in ("kueue", "volcano"):
+            provider.settings = KubeSettings(preflight="dcgm-labels", gang_scheduler=gang,
+                                             queue="q")
+            provider.observe(provider.launch(make_request(name=f"job-7-{gang}")))
     assert standin.calls("DELETE", f"{st.NODES}/ip-10-0-0-1")
     granted = set()
     for doc in objects().values():
@@ -194,7 +205,7 @@ def test_the_provider_calls_only_what_the_role_grants():
     for call in standin.requests:
         parts = call.path.strip("/").split("/")
         resource = parts[-1] if call.method in ("GET", "POST") and parts[-1] in (
-            "nodes", "pods", "secrets", "pytorchjobs") else None
+            "nodes", "pods", "secrets", "pytorchjobs", "workloads") else None
         if parts[-1] in ("eviction", "log"):
             resource = f"pods/{parts[-1]}"
         elif resource is None:

@@ -382,3 +382,153 @@ def _parse_path(path: str):
     sub = tail[1] if len(tail) > 1 else None
     namespace = parts[prefix + 1] if namespaced else None
     return "/" + "/".join(parts[:coll_len]), name, sub, namespace
+
+
+# --- what holds a gang back before it starts ----------------------------------
+# The shapes the kubelet, the scheduler, Kueue and Volcano write, as
+# `kubectl get -o json` shows them on a real cluster.
+
+def waiting_pod(job: str, replica_type: str, index: int, *, node_name: str, reason: str,
+                message: str, namespace: str = "regatta-training") -> dict:
+    """A scheduled pod whose container the kubelet cannot create or start
+    yet: ImagePullBackOff, ErrImagePull, CreateContainerConfigError, ..."""
+    obj = pod(job, replica_type, index, node_name=node_name, phase="Pending",
+              namespace=namespace)
+    obj["status"].update(
+        conditions=[
+            {"type": "Initialized", "status": "True", "lastTransitionTime": "2026-01-01T00:00:01Z"},
+            {"type": "Ready", "status": "False", "reason": "ContainersNotReady",
+             "message": "containers with unready status: [pytorch]",
+             "lastTransitionTime": "2026-01-01T00:00:01Z"},
+            {"type": "PodScheduled", "status": "True",
+             "lastTransitionTime": "2026-01-01T00:00:01Z"}],
+        containerStatuses=[{"name": "pytorch", "ready": False, "restartCount": 0,
+                            "started": False, "image": "img", "imageID": "",
+                            "state": {"waiting": {"reason": reason, "message": message}}}])
+    return obj
+
+
+def unschedulable_pod(job: str, replica_type: str, index: int, *, message: str,
+                      namespace: str = "regatta-training") -> dict:
+    """A pod the scheduler could not place: no nodeName, PodScheduled=False."""
+    obj = pod(job, replica_type, index, node_name="", phase="Pending", namespace=namespace)
+    del obj["spec"]["nodeName"]
+    obj["status"]["conditions"] = [{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+        "message": message, "lastProbeTime": None,
+        "lastTransitionTime": "2026-01-01T00:00:01Z"}]
+    return obj
+
+
+def kueue_workloads(ns: str) -> str:
+    return f"/apis/kueue.x-k8s.io/v1beta1/namespaces/{ns}/workloads"
+
+
+def volcano_podgroups(ns: str) -> str:
+    return f"/apis/scheduling.volcano.sh/v1beta1/namespaces/{ns}/podgroups"
+
+
+def _owner(job: dict) -> dict:
+    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+            "name": job["metadata"]["name"], "uid": job["metadata"]["uid"],
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def workload(job: dict, *, admitted: bool = False, message: str = "") -> dict:
+    """Kueue's Workload for a PyTorchJob: named with a hash of Kueue's own,
+    found by its job-uid label."""
+    meta = job["metadata"]
+    queue = (meta.get("labels") or {}).get("kueue.x-k8s.io/queue-name", "")
+    conditions = [{"type": "QuotaReserved", "status": "True" if admitted else "False",
+                   "reason": "QuotaReserved" if admitted else "Pending",
+                   "message": message or ("Quota reserved in ClusterQueue cluster-queue"
+                                          if admitted else "Waiting for quota"),
+                   "observedGeneration": 1, "lastTransitionTime": "2026-01-01T00:00:02Z"}]
+    if admitted:
+        conditions.append({"type": "Admitted", "status": "True", "reason": "Admitted",
+                           "message": "The workload is admitted", "observedGeneration": 1,
+                           "lastTransitionTime": "2026-01-01T00:00:02Z"})
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
+        "metadata": {"name": f"pytorchjob-{meta['name']}-3f1a2", "namespace": meta["namespace"],
+                     "labels": {"kueue.x-k8s.io/job-uid": meta["uid"]},
+                     "ownerReferences": [_owner(job)]},
+        "spec": {"queueName": queue, "active": True, "priority": 0,
+                 "podSets": [{"name": name.lower(), "count": spec.get("replicas", 1)}
+                             for name, spec in job["spec"]["pytorchReplicaSpecs"].items()]},
+        "status": {"conditions": conditions},
+    }
+
+
+def kueue_holds(standin: K8sStandIn, message: str):
+    """Play Kueue with no quota left: its webhook suspends each new PyTorchJob
+    that names a queue, the operator marks it Suspended, and Kueue creates
+    its Workload, not admitted, with `message`. Returns the hook."""
+    def hook(method, collection, obj):
+        if method != "POST" or not collection.endswith("/pytorchjobs"):
+            return
+        if "kueue.x-k8s.io/queue-name" not in (obj["metadata"].get("labels") or {}):
+            return
+        obj["spec"].setdefault("runPolicy", {})["suspend"] = True
+        name = obj["metadata"]["name"]
+        obj["status"] = {"conditions": [
+            job_condition("Created", message=f"PyTorchJob {name} is created."),
+            {"type": "Suspended", "status": "True", "reason": "PyTorchJobSuspended",
+             "message": f"PyTorchJob {name} is suspended.",
+             "lastUpdateTime": "2026-01-01T00:00:02Z",
+             "lastTransitionTime": "2026-01-01T00:00:02Z"}]}
+        standin.put(kueue_workloads(obj["metadata"]["namespace"]),
+                    workload(obj, message=message))
+    standin.hooks.append(hook)
+    return hook
+
+
+def podgroup(job: dict, *, phase: str = "Pending", message: str = "") -> dict:
+    """The PodGroup the training operator makes for a Volcano gang, named
+    after the PyTorchJob."""
+    meta = job["metadata"]
+    spec = job["spec"]
+    members = sum(r.get("replicas", 1) for r in spec["pytorchReplicaSpecs"].values())
+    conditions = []
+    if phase in ("Pending", "Inqueue") and message:
+        conditions.append({"type": "Unschedulable", "status": "True",
+                           "reason": "NotEnoughResources", "message": message,
+                           "transitionID": "5e0f1a52-0d35-4b8b-9a0b-1c2f8e0e6a10",
+                           "lastTransitionTime": "2026-01-01T00:00:03Z"})
+    policy = (spec.get("runPolicy") or {}).get("schedulingPolicy") or {}
+    return {
+        "apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"],
+                     "ownerReferences": [_owner(job)]},
+        "spec": {"minMember": policy.get("minAvailable", members),
+                 "queue": policy.get("queue", "default")},
+        "status": {"phase": phase, "conditions": conditions},
+    }
+
+
+def karpenter(standin: K8sStandIn, labels: dict, *, gpus: int = 8, prefix: str = "karp"):
+    """Play Karpenter for one NodePool: a pending pod that selects the pool's
+    `labels` gets a new node, which registers with those labels, and the
+    scheduler binds the pod to it. A deleted Node is gone (Karpenter's
+    finalizer terminates its instance) and nothing replaces it unless a pod
+    is pending. Returns the names of the nodes launched, in order."""
+    launched: list[str] = []
+
+    def hook(method, collection, obj):
+        if method != "POST" or not collection.endswith("/pods"):
+            return
+        spec = obj.get("spec") or {}
+        wanted = spec.get("nodeSelector") or {}
+        if spec.get("nodeName") or not wanted or any(labels.get(k) != v
+                                                     for k, v in wanted.items()):
+            return
+        name = f"{prefix}-{len(launched)}"
+        launched.append(name)
+        standin.put(NODES, node(name, gpus=gpus, labels=dict(labels),
+                                instance=f"i-0k{len(launched):015x}"))
+        spec["nodeName"] = name
+        obj["status"] = {"phase": "Running", "conditions": [
+            {"type": "PodScheduled", "status": "True",
+             "lastTransitionTime": "2026-01-01T00:01:00Z"}]}
+    standin.hooks.append(hook)
+    return launched

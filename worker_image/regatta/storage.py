@@ -19,6 +19,7 @@ the step to a staging folder first. See docs/trainer.md.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import re
@@ -31,6 +32,13 @@ from urllib.parse import urlparse
 from regatta import manifest as mf
 
 STEP_RE = re.compile(r"^step-(\d+)$")
+# User metadata of an uploaded file: its SHA-256 (hex), as the uploader hashed
+# it, for objects whose S3 checksum is a composite of their parts.
+SHA256_META = "regatta-sha256"
+
+
+class StorageError(RuntimeError):
+    """Storage refused part of an operation (e.g. some deletes of a batch)."""
 
 
 def step_name(step: int) -> str:
@@ -248,7 +256,8 @@ class S3Storage(Storage):
             raise FileNotFoundError(key) from None
 
     def write_bytes(self, key: str, data: bytes) -> None:
-        self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+        self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data,
+                               ChecksumAlgorithm="SHA256")
 
     def size(self, key: str) -> int | None:
         from botocore.exceptions import ClientError
@@ -262,11 +271,37 @@ class S3Storage(Storage):
         return int(head["ContentLength"])
 
     def sha256(self, key: str) -> str:
+        """S3's own checksum where the object has one, else the bytes re-read:
+        a 4 GB checkpoint verifies in one HEAD per file, not 4 GB of reads."""
+        stored = self.stored_sha256(key)
+        if stored is not None:
+            return stored
         body = self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
         h = hashlib.sha256()
         for chunk in body.iter_chunks(4 << 20):
             h.update(chunk)
         return h.hexdigest()
+
+    def stored_sha256(self, key: str) -> str | None:
+        """The object's SHA-256 (hex) as S3 keeps it, without reading it.
+
+        A single-part upload with ChecksumAlgorithm=SHA256 carries the whole
+        object's SHA-256, which S3 checked on receipt. A multipart upload
+        carries a composite (a SHA-256 of its parts' SHA-256s, each checked
+        by S3 on receipt), not comparable with a file's own hash; then the
+        hash the uploader took of the same local file, in its metadata,
+        stands for it. None: no S3 checksum (an object written by another
+        tool, or changed since by one), so only a re-read can tell."""
+        head = self.client.head_object(Bucket=self.bucket, Key=self._key(key),
+                                       ChecksumMode="ENABLED")
+        value = head.get("ChecksumSHA256")
+        if not value:
+            return None
+        composite = (head.get("ChecksumType") == "COMPOSITE" or "-" in value
+                     or "-" in head.get("ETag", ""))
+        if not composite:
+            return base64.b64decode(value.encode()).hex()
+        return (head.get("Metadata") or {}).get(SHA256_META)
 
     def _list(self, prefix: str, delimiter: str | None = None):
         paginator = self.client.get_paginator("list_objects_v2")
@@ -294,14 +329,33 @@ class S3Storage(Storage):
         )
 
     def delete_step(self, step: int) -> None:
+        """Every version of every object of the step, and its delete markers:
+        on a versioned bucket a plain delete only hides the objects, and
+        nothing is freed. Raises StorageError if S3 refused any delete."""
         base = self._key(step_name(step)) + "/"
-        for page in self._list(base):
-            objs = [{"Key": o["Key"]} for o in page.get("Contents", [])]
-            if objs:
-                self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": objs})
+        errors: list[dict] = []
+        pages = self.client.get_paginator("list_object_versions").paginate(
+            Bucket=self.bucket, Prefix=base)
+        for page in pages:
+            objs = [{"Key": v["Key"], "VersionId": v["VersionId"]}
+                    for v in page.get("Versions", []) + page.get("DeleteMarkers", [])]
+            if objs:  # a page holds at most 1000, delete_objects' limit
+                reply = self.client.delete_objects(Bucket=self.bucket,
+                                                   Delete={"Objects": objs, "Quiet": True})
+                errors.extend(reply.get("Errors", []))
+        if errors:
+            first = errors[0]
+            raise StorageError(
+                f"s3://{self.bucket}/{base}: {len(errors)} deletes refused, e.g. "
+                f"{first.get('Key')}: {first.get('Code')} {first.get('Message', '')}".strip())
 
     def upload_file(self, local: str | Path, key: str) -> None:
-        self.client.upload_file(str(local), self.bucket, self._key(key), Config=self.transfer)
+        # S3 checks every part against its SHA-256 on receipt and keeps the
+        # checksum, so verification needs no re-read (stored_sha256).
+        digest = mf.sha256_file(local)[0]
+        self.client.upload_file(str(local), self.bucket, self._key(key), Config=self.transfer,
+                                ExtraArgs={"ChecksumAlgorithm": "SHA256",
+                                           "Metadata": {SHA256_META: digest}})
 
     def download_file(self, key: str, local: str | Path) -> None:
         Path(local).parent.mkdir(parents=True, exist_ok=True)

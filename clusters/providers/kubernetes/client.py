@@ -30,11 +30,13 @@ from ..base import (
     PoolInfo,
     PreflightResult,
 )
+from . import capacity
 from . import manifests as mf
 from .config import KubePoolSettings, KubeSettings, replace_mode
 from .errors import classify, is_status
-from .observe import attempt_status, node_info, node_signals
+from .observe import attempt_status, node_info, node_signals, started
 from .preflight import run_allreduce, run_dcgm_labels
+from .resources import smallest_allocatable
 
 
 def api_client_for(settings: KubeSettings) -> k8s.ApiClient:
@@ -144,6 +146,8 @@ class KubernetesProvider:
 
     def list_nodes(self, pool: PoolInfo) -> list[NodeInfo]:
         nodes = [node_info(n) for n in self._pool_nodes(pool)]
+        if pool.settings.node_autoscaler == "karpenter":
+            return nodes + self._spares_coming(pool, {n.name for n in nodes})
         if not pool.settings.asg_name:
             return nodes
         # An instance of the group that has not registered yet (a spare or a
@@ -154,7 +158,33 @@ class KubernetesProvider:
                    if _instance(n.provider_id) not in joined and n.name not in joined]
         return nodes + booting
 
+    def _capacity_pods(self, pool: PoolInfo, **query) -> list[dict]:
+        return self._json(f"list capacity pods of {pool.name}", self.core.list_namespaced_pod,
+                          self.ns, label_selector=capacity.selector(pool), **query
+                          ).get("items", [])
+
+    def _spares_coming(self, pool: PoolInfo, joined: set[str]) -> list[NodeInfo]:
+        """Spares asked of Karpenter whose node has not joined yet: listed not
+        ready under the name Regatta gave them, so their rows wait."""
+        coming = []
+        for pod in self._capacity_pods(pool):
+            name = (pod["metadata"].get("labels") or {}).get(capacity.LABEL_FOR)
+            if name and (pod.get("spec") or {}).get("nodeName") not in joined:
+                coming.append(NodeInfo(name=name, ready=False, gpus=pool.gpus_per_node))
+        return coming
+
+    def _ask_capacity(self, pool: PoolInfo, key: str, spare_name: str = "",
+                      avoid: tuple[str, ...] = ()) -> None:
+        body = mf.to_dict(capacity.capacity_pod(pool, self.settings, key,
+                                                spare_name=spare_name, avoid=avoid))
+        # 409: asked before (a repeated call), one pod all the same.
+        self._call(f"create capacity pod for {key}", self.core.create_namespaced_pod,
+                   self.ns, body, ok=(409,))
+
     def provision_node(self, pool: PoolInfo, name: str) -> NodeInfo:
+        if pool.settings.node_autoscaler == "karpenter":
+            self._ask_capacity(pool, f"spare/{name}", spare_name=name)
+            return NodeInfo(name=name, ready=False, gpus=pool.gpus_per_node)
         if not pool.settings.asg_name:
             raise PermanentError(
                 f"pool {pool.name}: spares come from its node group; set 'asg_name' to let "
@@ -219,6 +249,10 @@ class KubernetesProvider:
             if provider_id:
                 new = aws.replace(pool, provider_id)
         self._call(f"delete node {node}", self.core.delete_node, node, ok=(404,))
+        if mode == "node-delete":
+            # Karpenter launches only for a pending pod: ask for the successor,
+            # which joins the pool by its labels (list_nodes) in a later pass.
+            self._ask_capacity(pool, f"replaces/{node}", avoid=(node,))
         return new
 
     def inject_fault(self, pool: PoolInfo, node: str, kind: str) -> dict:
@@ -231,7 +265,8 @@ class KubernetesProvider:
         the Secret; the control plane's Role has no `patch` on secrets, so the
         owner is set at creation."""
         secret = mf.token_secret(request, self.settings)
-        body = mf.to_dict(mf.pytorch_job(request, self.settings))
+        body = mf.to_dict(mf.pytorch_job(request, self.settings, self._allocatable(request)))
+        self._release_capacity(request.pool, {p.node for p in request.placements})
         job = self._create_job(body, str(request.attempt_id))
         secret.metadata.owner_references = [mf.owner_reference(job)]
         self._ensure_secret(mf.to_dict(secret), str(request.attempt_id))
@@ -241,6 +276,28 @@ class KubernetesProvider:
             "placements": [{"node": p.node, "node_rank": p.node_rank}
                            for p in sorted(request.placements, key=lambda p: p.node_rank)],
         }
+
+    def _release_capacity(self, pool: PoolInfo, placed: set[str]) -> None:
+        """Free the GPUs that capacity pods hold on the placed nodes, before
+        the training (or preflight) pods ask for them (capacity.py)."""
+        if pool.settings.node_autoscaler != "karpenter":
+            return
+        for pod in self._capacity_pods(pool):
+            if (pod.get("spec") or {}).get("nodeName") in placed:
+                name = pod["metadata"]["name"]
+                self._call(f"delete capacity pod {name}", self.core.delete_namespaced_pod,
+                           name, self.ns, grace_period_seconds=0, ok=(404,))
+
+    def _allocatable(self, request: LaunchRequest) -> dict | None:
+        """The smallest allocatable among the placed nodes, which sizes the
+        pods' CPU and memory (resources.py); not read when the pool sets both."""
+        pool = request.pool
+        if not pool.settings.guaranteed_qos or (pool.settings.cpu_per_gpu
+                                                and pool.settings.memory_per_gpu):
+            return None
+        placed = {p.node for p in request.placements}
+        return smallest_allocatable([n for n in self._pool_nodes(pool)
+                                     if n["metadata"]["name"] in placed])
 
     def _ensure_secret(self, secret: dict, attempt_id: str) -> None:
         name = secret["metadata"]["name"]
@@ -273,8 +330,32 @@ class KubernetesProvider:
                 f"list pods of {name}", self.core.list_namespaced_pod, self.ns,
                 label_selector=f"{mf.OPERATOR_JOB_LABEL}={name}",
             ).get("items", [])
-        status = attempt_status(job, pods, ref.get("placements", []))
+        workload = podgroup = None
+        if job is not None and not started(job):
+            # Only a gang not yet started can be held back by its scheduler;
+            # reading its queue object then costs one call per observe.
+            if self.settings.gang_scheduler == "kueue":
+                workload = self._workload(job)
+            elif self.settings.gang_scheduler == "volcano":
+                podgroup = self._call(f"get PodGroup {name}",
+                                      self.custom.get_namespaced_custom_object,
+                                      *mf.PODGROUPS, self.ns, mf.PODGROUPS_PLURAL, name,
+                                      ok=(404,))
+        status = attempt_status(job, pods, ref.get("placements", []), workload=workload,
+                                podgroup=podgroup,
+                                own_secret=ref.get("secret") or mf.secret_name(name))
         return self._with_log_tails(status, pods)
+
+    def _workload(self, job: dict) -> dict | None:
+        """Kueue's Workload of a PyTorchJob, found by the job-uid label Kueue
+        puts on it (its name carries a hash of Kueue's choosing)."""
+        uid = job["metadata"].get("uid", "")
+        found = self._call(f"list Workloads of {job['metadata']['name']}",
+                           self.custom.list_namespaced_custom_object, *mf.WORKLOADS, self.ns,
+                           mf.WORKLOADS_PLURAL, label_selector=f"{mf.KUEUE_JOB_UID_LABEL}={uid}",
+                           ok=(404,))
+        items = (found or {}).get("items") or []
+        return items[0] if items else None
 
     def _with_log_tails(self, status: AttemptStatus, pods: list[dict]) -> AttemptStatus:
         names = {(p.get("spec") or {}).get("nodeName"): p["metadata"]["name"] for p in pods}
@@ -308,6 +389,8 @@ class KubernetesProvider:
                   timeout_s: float = 60.0) -> PreflightResult:
         if self.settings.preflight == "dcgm-labels":
             return run_dcgm_labels(self, placements)
+        # The check's pods need the GPUs a Karpenter spare's capacity pod holds.
+        self._release_capacity(pool, {p.node for p in placements})
         return run_allreduce(self, pool, placements, timeout_s)
 
     def watch_job(self, name: str, timeout_s: float) -> dict | None:

@@ -87,7 +87,18 @@ class KubePoolSettings:
 
     asg_name: str = setting("", "the managed node group's Auto Scaling group")
     node_autoscaler: str = setting("", "karpenter, or empty", choices=NODE_AUTOSCALERS)
-    efa_devices: int = setting(1, "EFA devices each rank's pod requests", minimum=0)
+    # 0: every EFA interface of the instance type (instances.py: 32 on a p5).
+    efa_devices: int = setting(0, "EFA devices each rank's pod requests; 0: the instance "
+                               "type's count", minimum=0)
+    # Guaranteed QoS (requests = limits for CPU and memory) keeps training pods
+    # from being the first evicted under node memory pressure. Per GPU; empty:
+    # derived from the node's allocatable (or the instance type) less headroom
+    # for the node's DaemonSets.
+    cpu_per_gpu: str = setting("", "CPU each GPU's share of a pod requests, e.g. 22")
+    memory_per_gpu: str = setting("", "memory each GPU's share of a pod requests, e.g. 230Gi")
+    daemonset_headroom: float = setting(
+        0.1, "share of a node's allocatable CPU/memory left to its DaemonSets", minimum=0)
+    guaranteed_qos: bool = setting(True, "request CPU and memory equal to their limits")
     nccl_env: dict[str, str] = setting({}, "NCCL_* variables for this pool's ranks")
     replace_timeout_s: float = setting(300.0, "wait for the ASG's new instance", minimum=0)
     replace_poll_s: float = setting(5.0, "ASG polling period", minimum=0)

@@ -19,6 +19,8 @@ from controlplane.lib.errors import PermanentError
 
 from ..base import LaunchRequest, Placement, PoolInfo
 from .config import KubeSettings
+from .instances import efa_devices
+from .resources import cpu_memory
 
 API_VERSION = "kubeflow.org/v1"
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
@@ -37,10 +39,18 @@ HOSTNAME = "kubernetes.io/hostname"
 GPU = "nvidia.com/gpu"
 EFA = "vpc.amazonaws.com/efa"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# Read back to explain a gang that waits (observe.queue_issues).
+KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+WORKLOADS, WORKLOADS_PLURAL = ("kueue.x-k8s.io", "v1beta1"), "workloads"
+PODGROUPS, PODGROUPS_PLURAL = ("scheduling.volcano.sh", "v1beta1"), "podgroups"
 TOKEN_KEY = "token"
 DEFAULT_NCCL_ENV = {"NCCL_DEBUG": "WARN"}
 EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1"}
 GPU_TOLERATION = {"key": GPU, "operator": "Exists", "effect": "NoSchedule"}
+# A training pod's node must not be taken away for consolidation or
+# scale-down while it runs: losing one node stops the whole gang.
+DISRUPTION_ANNOTATIONS = {"karpenter.sh/do-not-disrupt": "true",
+                          "cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
 
 _api = k8s.ApiClient()
 
@@ -130,9 +140,11 @@ def nccl_env(pool: PoolInfo, settings: KubeSettings) -> dict[str, str]:
     return env
 
 
-def pytorch_job(request: LaunchRequest, settings: KubeSettings) -> kf.KubeflowOrgV1PyTorchJob:
+def pytorch_job(request: LaunchRequest, settings: KubeSettings,
+                allocatable: dict | None = None) -> kf.KubeflowOrgV1PyTorchJob:
     """The PyTorchJob for one attempt: a Master on the first placement and
-    Workers on the rest, one pod per node, each pinned to its chosen node."""
+    Workers on the rest, one pod per node, each pinned to its chosen node.
+    `allocatable` is the smallest placed node's (resources.py), if known."""
     if not request.placements:
         raise PermanentError(f"{request.name}: no placements")
     placements = sorted(request.placements, key=lambda p: p.node_rank)
@@ -148,6 +160,11 @@ def pytorch_job(request: LaunchRequest, settings: KubeSettings) -> kf.KubeflowOr
         name=request.name, labels=labels, image=request.image, command=command, env=env,
         gpus=request.pool.gpus_per_node, pool=request.pool, settings=settings,
         volumes=volumes + shm_volumes, mounts=mounts + shm_mounts,
+        cpu_memory=cpu_memory(request.pool, request.pool.gpus_per_node, allocatable),
+        annotations=dict(DISRUPTION_ANNOTATIONS),
+        # A node the attempt was placed on is never one to avoid.
+        avoid=tuple(sorted(set(request.avoid_nodes) - {p.node for p in placements})),
+        pin=False,
     )
     replicas = {"Master": _replica(pod, [placements[0].node], 1)}
     if len(placements) > 1:
@@ -202,6 +219,8 @@ def preflight_job(pool: PoolInfo, placements: tuple[Placement, ...],
         command=["python", "-c", PREFLIGHT_SCRIPT], env=[_env(k, v) for k, v in sorted(
             nccl_env(pool, settings).items())],
         gpus=pool.gpus_per_node, pool=pool, settings=settings, volumes=[], mounts=[],
+        # A few seconds' check: no QoS to keep, nothing a consolidation would cost.
+        cpu_memory={}, annotations=None, avoid=(), pin=True,
     )
     replicas = {"Master": _replica(pod, [placements[0].node], 1)}
     if len(placements) > 1:
@@ -249,9 +268,9 @@ def _job(name, labels, settings, replicas, nproc, node_count) -> kf.KubeflowOrgV
 def _replica(pod: _PodParts, nodes: list[str], count: int) -> kf.KubeflowOrgV1ReplicaSpec:
     settings: KubeSettings = pod.settings
     pool: PoolInfo = pod.pool
-    limits = {GPU: str(pod.gpus)}
+    limits = {GPU: str(pod.gpus), **pod.cpu_memory}
     if pool.efa:
-        limits[EFA] = str(pool.settings.efa_devices)
+        limits[EFA] = str(pool.settings.efa_devices or efa_devices(pool.instance_type))
     container = k8s.V1Container(
         name=CONTAINER, image=pod.image, command=pod.command, env=pod.env,
         resources=k8s.V1ResourceRequirements(limits=limits, requests=dict(limits)),
@@ -264,7 +283,7 @@ def _replica(pod: _PodParts, nodes: list[str], count: int) -> kf.KubeflowOrgV1Re
         termination_grace_period_seconds=settings.termination_grace_s,
         node_selector=dict(pool.node_selector) or None,
         tolerations=_tolerations(pool),
-        affinity=_affinity(pod.name, nodes),
+        affinity=_affinity(pod.name, nodes, pool, pod.avoid, pod.pin),
         volumes=pod.volumes or None,
         service_account_name=settings.service_account or None,
         scheduler_name="volcano" if settings.gang_scheduler == "volcano" else None,
@@ -275,29 +294,54 @@ def _replica(pod: _PodParts, nodes: list[str], count: int) -> kf.KubeflowOrgV1Re
     return kf.KubeflowOrgV1ReplicaSpec(
         replicas=count, restart_policy="Never",
         template=k8s.V1PodTemplateSpec(
-            metadata=k8s.V1ObjectMeta(labels=dict(pod.labels)), spec=spec,
+            metadata=k8s.V1ObjectMeta(labels=dict(pod.labels),
+                                      annotations=pod.annotations),
+            spec=spec,
         ),
     )
 
 
-def _affinity(name: str, nodes: list[str]) -> k8s.V1Affinity:
-    pin = k8s.V1NodeSelectorTerm(match_expressions=[
-        k8s.V1NodeSelectorRequirement(key=HOSTNAME, operator="In", values=sorted(nodes)),
-    ])
-    # One pod per node, so Workers spread over exactly the chosen nodes.
+def _affinity(name: str, nodes: list[str], pool: PoolInfo, avoid: tuple[str, ...] = (),
+              pin: bool = False) -> k8s.V1Affinity:
+    """`pin`: on exactly `nodes` whatever the pool (a preflight checks those)."""
+    # One pod per node, so Workers spread over exactly as many nodes.
     apart = k8s.V1PodAffinityTerm(
         topology_key=HOSTNAME,
         label_selector=k8s.V1LabelSelector(match_labels={OPERATOR_JOB_LABEL: name}),
     )
-    return k8s.V1Affinity(
-        node_affinity=k8s.V1NodeAffinity(
+    if pool.settings.node_autoscaler == "karpenter" and not pin:
+        node_affinity = _pool_affinity(nodes, avoid)
+    else:
+        pin = k8s.V1NodeSelectorTerm(match_expressions=[
+            k8s.V1NodeSelectorRequirement(key=HOSTNAME, operator="In", values=sorted(nodes)),
+        ])
+        node_affinity = k8s.V1NodeAffinity(
             required_during_scheduling_ignored_during_execution=k8s.V1NodeSelector(
-                node_selector_terms=[pin]),
-        ),
+                node_selector_terms=[pin]))
+    return k8s.V1Affinity(
+        node_affinity=node_affinity,
         pod_anti_affinity=k8s.V1PodAntiAffinity(
             required_during_scheduling_ignored_during_execution=[apart],
         ),
     )
+
+
+def _pool_affinity(nodes: list[str], avoid: tuple[str, ...]) -> k8s.V1NodeAffinity | None:
+    """A Karpenter pool: any node of the pool (its nodeSelector) except those
+    out of service, the chosen ones preferred. Karpenter does not provision
+    for a pod pinned to hostnames that no longer exist, so a hard pin would
+    leave a relaunch pending forever after a node is replaced."""
+    required = None
+    if avoid:
+        required = k8s.V1NodeSelector(node_selector_terms=[k8s.V1NodeSelectorTerm(
+            match_expressions=[k8s.V1NodeSelectorRequirement(
+                key=HOSTNAME, operator="NotIn", values=list(avoid))])])
+    preferred = [k8s.V1PreferredSchedulingTerm(weight=100, preference=k8s.V1NodeSelectorTerm(
+        match_expressions=[k8s.V1NodeSelectorRequirement(
+            key=HOSTNAME, operator="In", values=sorted(nodes))]))]
+    return k8s.V1NodeAffinity(
+        required_during_scheduling_ignored_during_execution=required,
+        preferred_during_scheduling_ignored_during_execution=preferred)
 
 
 def _tolerations(pool: PoolInfo) -> list[k8s.V1Toleration]:

@@ -5,9 +5,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..base import AttemptStatus, HealthSignal, NodeInfo, NodeProcess
+from ..base import (
+    AttemptStatus,
+    HealthSignal,
+    NodeInfo,
+    NodeProcess,
+    StartIssue,
+    interruption_key,
+)
 from .config import KubeSettings
 from .manifests import CONTAINER, GPU, OPERATOR_INDEX_LABEL, OPERATOR_TYPE_LABEL
+
+# Container waiting reasons no relaunch can fix: the job names an image or a
+# config object (Secret, ConfigMap key) that is not there. The kubelet retries
+# them forever, so without reading them the attempt would look alive until
+# the start-up deadline and then be relaunched as a "hang", again and again.
+USER_ERROR_WAITING = frozenset({"ImagePullBackOff", "ErrImagePull", "InvalidImageName",
+                                "ErrImageNeverPull", "CreateContainerConfigError"})
+# A registry that throttles or is briefly away gives the same pull reasons;
+# that is the platform's trouble, a wait rather than the user's error.
+_TRANSIENT_PULL = ("toomanyrequests", "too many requests", "rate limit", "i/o timeout",
+                   "tls handshake timeout", "connection reset", "503 service unavailable",
+                   "500 internal server error")
 
 # Set by AWS Node Termination Handler when EC2 announces a spot interruption
 # or recommends a rebalance; the notice itself comes two minutes before.
@@ -84,8 +103,69 @@ def node_process(pod: dict, rank: int, fallback_node: str) -> NodeProcess:
                        signal=signal, log_tail=tail[-4000:])
 
 
-def attempt_status(job: dict | None, pods: list[dict], placements: list[dict]) -> AttemptStatus:
-    """`placements` is the ref's [{"node", "node_rank"}]; pods are the job's."""
+def _pull_is_transient(message: str) -> bool:
+    text = message.lower()
+    return any(marker in text for marker in _TRANSIENT_PULL)
+
+
+def pod_issues(pod: dict, rank: int, own_secret: str = "") -> list[StartIssue]:
+    """Why a pending pod has not started: its containers' waiting states and
+    the scheduler's PodScheduled=False, in the scheduler's own words."""
+    status = pod.get("status") or {}
+    if status.get("phase", "Pending") != "Pending":
+        return []
+    issues = []
+    for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        reason, message = waiting.get("reason", ""), waiting.get("message", "")
+        if reason not in USER_ERROR_WAITING:
+            continue  # ContainerCreating, PodInitializing: on its way
+        user = not _pull_is_transient(message)
+        if own_secret and f'"{own_secret}"' in message:
+            # The token Secret is created just after its PyTorchJob (launch()):
+            # a pod that started in between waits for it, through no fault of
+            # the job's.
+            user = False
+        issues.append(StartIssue(reason, message[:500], user_error=user, node_rank=rank))
+    scheduled = condition(pod, "PodScheduled")
+    if scheduled is not None and scheduled.get("status") == "False":
+        issues.append(StartIssue(scheduled.get("reason") or "Unschedulable",
+                                 (scheduled.get("message") or "")[:500], node_rank=rank))
+    return issues
+
+
+def queue_issues(job: dict, workload: dict | None = None,
+                 podgroup: dict | None = None) -> list[StartIssue]:
+    """Why a gang scheduler holds the whole attempt back: a Kueue Workload not
+    admitted (the PyTorchJob stays suspended meanwhile) or a Volcano PodGroup
+    that cannot be placed. Both are waits for capacity or quota."""
+    issues = []
+    if workload is not None and not _true(workload, "Admitted"):
+        cond = (condition(workload, "QuotaReserved") or condition(workload, "Evicted")
+                or condition(workload, "Admitted") or {})
+        message = cond.get("message") or "waiting for Kueue to admit the workload"
+        issues.append(StartIssue("KueuePending", message[:500]))
+    elif _true(job, "Suspended"):
+        cond = condition(job, "Suspended") or {}
+        issues.append(StartIssue("Suspended", (cond.get("message") or "")[:500]))
+    if podgroup is not None:
+        phase = (podgroup.get("status") or {}).get("phase") or "Pending"
+        stuck = condition(podgroup, "Unschedulable")
+        if phase == "Pending" or (stuck and stuck.get("status") == "True" and phase != "Running"):
+            message = (stuck or {}).get("message") or f"PodGroup is {phase}"
+            issues.append(StartIssue("PodGroupPending", message[:500]))
+    return issues
+
+
+def started(job: dict) -> bool:
+    return _true(job, "Running") or condition(job, "Running") is not None
+
+
+def attempt_status(job: dict | None, pods: list[dict], placements: list[dict], *,
+                   workload: dict | None = None, podgroup: dict | None = None,
+                   own_secret: str = "") -> AttemptStatus:
+    """`placements` is the ref's [{"node", "node_rank"}]; pods are the job's;
+    `workload` and `podgroup` are the gang scheduler's view, if it has one."""
     if job is None:
         return AttemptStatus(state="unknown", message="the PyTorchJob no longer exists")
     by_rank = {}
@@ -93,19 +173,19 @@ def attempt_status(job: dict | None, pods: list[dict], placements: list[dict]) -
         rank = node_rank(pod)
         if rank is not None:
             by_rank[rank] = pod
-    started = _true(job, "Running") or condition(job, "Running") is not None
-    nodes, notes = [], []
+    nodes, notes, issues = [], [], []
     for place in sorted(placements, key=lambda p: p["node_rank"]):
         rank = place["node_rank"]
         pod = by_rank.get(rank)
         if pod is None:
-            if started:
+            if started(job):
                 nodes.append(NodeProcess(node=place["node"], node_rank=rank, running=False,
                                          signal=_SIGKILL, log_tail="its pod is gone"))
             else:
                 nodes.append(NodeProcess(node=place["node"], node_rank=rank, running=True))
             continue
         nodes.append(node_process(pod, rank, place["node"]))
+        issues.extend(pod_issues(pod, rank, own_secret))
         if _restarts(pod):
             notes.append(f"rank {rank} restarted {_restarts(pod)}x")
         scheduled = condition(pod, "PodScheduled")
@@ -120,7 +200,12 @@ def attempt_status(job: dict | None, pods: list[dict], placements: list[dict]) -
     last = _last_true(job)
     if last:
         notes.insert(0, f"{last.get('type')}: {last.get('message') or last.get('reason', '')}")
-    return AttemptStatus(state=state, nodes=tuple(nodes), message="; ".join(notes)[:1000])
+    if state == "running":
+        issues[:0] = queue_issues(job, workload, podgroup)
+    else:
+        issues = []
+    return AttemptStatus(state=state, nodes=tuple(nodes), message="; ".join(notes)[:1000],
+                         start_issues=tuple(issues))
 
 
 def _failed(nodes: list[NodeProcess]) -> list[NodeProcess]:
@@ -211,12 +296,15 @@ def node_signals(node: dict, settings: KubeSettings) -> list[HealthSignal]:
             evidence={"capacity": capacity, "allocatable": allocatable},
             key=f"{name}/gpu-allocatable/{allocatable}-of-{capacity}",
         ))
+    instance = ((node.get("spec") or {}).get("providerID") or "").rstrip("/").rsplit("/", 1)[-1]
     for taint in (node.get("spec") or {}).get("taints") or []:
         if taint.get("key") in SPOT_TAINTS:
             kind, severity = SPOT_TAINTS[taint["key"]]
+            # Keyed by the instance like the SQS notice of the same interruption.
+            key = (interruption_key(instance, severity == "critical") if instance.startswith("i-")
+                   else f"{name}/{taint['key']}/{taint.get('timeAdded', taint.get('value', ''))}")
             signals.append(HealthSignal(
                 node=name, kind=kind, severity=severity,
-                message=f"tainted {taint['key']}", evidence={"taint": taint},
-                key=f"{name}/{taint['key']}/{taint.get('timeAdded', taint.get('value', ''))}",
+                message=f"tainted {taint['key']}", evidence={"taint": taint}, key=key,
             ))
     return signals

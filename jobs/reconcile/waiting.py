@@ -1,0 +1,50 @@
+"""A gang the provider says is held back before it started (Unschedulable,
+a Kueue queue, a Volcano PodGroup): the job shows why as its pending reason
+and one event per distinct cause, and is looked at again each observe
+interval instead of being relaunched as a hang once the start-up deadline
+passes (detect.py counts that deadline from the end of the wait)."""
+
+from __future__ import annotations
+
+from controlplane.lib.reconcile import Result
+
+from ..models import JobAttempt, TrainingJob
+from .common import Ctx
+from .detect import START_WAIT
+
+EVENT = "WaitingToStart"
+
+
+def note(ctx: Ctx, attempt: JobAttempt, waits) -> Result:
+    job, now = ctx.job, ctx.now
+    text = "; ".join(w.describe() for w in waits)
+    reasons = sorted({w.reason for w in waits})
+    previous = ctx.condition(START_WAIT)
+    ongoing = (previous is not None and previous.get("attempt") == attempt.id
+               and previous.get("active"))
+    # The scheduler rewrites its message as nodes come and go ("0/3 nodes
+    # are available ..."); a new event only when the cause itself changes.
+    if not ongoing or previous.get("reasons") != reasons:
+        job.record(EVENT, f"attempt {attempt.number}: {text}"[:1000], attempt=attempt, now=now,
+                   evidence={"issues": [{"reason": w.reason, "message": w.message,
+                                         "node_rank": w.node_rank} for w in waits]})
+    since = previous["since"] if ongoing else now.timestamp()
+    ctx.set_condition(START_WAIT, attempt=attempt.id, active=True, reasons=reasons,
+                      since=since, last=now.timestamp())
+    reason = f"attempt {attempt.number} waiting to start: {text}"[:500]
+    if job.pending_reason != reason:
+        TrainingJob.objects.filter(pk=job.pk).update(pending_reason=reason)
+        job.pending_reason = reason
+    return Result.after(ctx.config.observe_interval_s, reason[:200])
+
+
+def clear(ctx: Ctx, attempt: JobAttempt) -> None:
+    """The wait is over: drop the pending reason. The condition stays (not
+    active) because detect.py counts the start-up deadline from its end."""
+    previous = ctx.condition(START_WAIT)
+    if previous is None or not previous.get("active") or previous.get("attempt") != attempt.id:
+        return
+    ctx.set_condition(START_WAIT, **{**{k: v for k, v in previous.items() if k != "type"},
+                                     "active": False, "last": ctx.now.timestamp()})
+    TrainingJob.objects.filter(pk=ctx.job.pk).update(pending_reason="")
+    ctx.job.pending_reason = ""
