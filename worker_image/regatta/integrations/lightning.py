@@ -29,6 +29,8 @@ regatta` does not.
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 from typing import Any
 
 try:
@@ -37,6 +39,7 @@ except ImportError:  # the older distribution name
     from pytorch_lightning import Callback
 
 import regatta
+import regatta.preemption
 
 log = logging.getLogger("regatta.integrations.lightning")
 
@@ -60,6 +63,7 @@ class RegattaCallback(Callback):
         self._ckpt: str | None = None
         self.stopping = False
         self.last_logged = -1
+        self.saved_step: int | None = None
 
     @property
     def run(self):
@@ -75,6 +79,7 @@ class RegattaCallback(Callback):
             self._resumed = True
             resumed = self.run.resume()
             if resumed is not None:
+                self.saved_step = resumed.step
                 found = resumed.path / CKPT_NAME
                 if not found.is_file():
                     found = next(iter(sorted(resumed.path.glob("*.ckpt"))), None)
@@ -83,7 +88,11 @@ class RegattaCallback(Callback):
 
     # -- saving ------------------------------------------------------------------------
     def save(self, trainer, step: int) -> bool:
-        """Save the trainer's checkpoint as step-N (collective: every rank)."""
+        """Save the trainer's checkpoint as step-N (collective: every rank).
+        A step saved already is not written again (its files are committed)."""
+        if step == self.saved_step:
+            return True
+        self.saved_step = step
         folder = self.run.checkpoint_dir(step)
         trainer.save_checkpoint(str(folder / CKPT_NAME))  # rank 0 writes; barriers inside
         return self.run.checkpoint_files(step)
@@ -104,6 +113,14 @@ class RegattaCallback(Callback):
             if found is not None and trainer.ckpt_path is None:
                 log.warning("a verified checkpoint exists (%s) but fit() was not given it: "
                             "pass ckpt_path=callback.ckpt_path()", found)
+
+    def on_train_start(self, trainer, pl_module):
+        # Lightning's own SIGTERM handler (registered just before this hook)
+        # raises SystemExit in the middle of the loop, with no checkpoint;
+        # SIGTERM goes back to Regatta's: finish the step, save, exit 83.
+        if threading.current_thread() is threading.main_thread():
+            guard = regatta.preemption.install()
+            signal.signal(signal.SIGTERM, lambda signum, frame: guard.deliver())
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
