@@ -154,3 +154,32 @@ def test_importing_regatta_needs_no_framework(tmp_path):
 
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["needs", "transformers"]
+
+
+@pytest.mark.parametrize("framework", sorted(FRAMEWORKS))
+def test_a_checkpoint_request_then_a_stop_directive_save_and_exit_83(
+        tmp_path, framework, control_plane):
+    control_plane.directives.update(checkpoint_request="req-7")
+
+    def stop_after_the_requested_checkpoint(record):
+        if record["kind"] == "checkpoints" and record["body"]["request_id"] == "req-7":
+            control_plane.directives["stop"] = True
+
+    control_plane.on_request = stop_after_the_requested_checkpoint
+    ckpt = tmp_path / "ckpt"
+    job = Job(tmp_path, framework, "directed", ckpt, steps=5000, sleep=0.05, every=0,
+              env=control_plane.env()).wait()
+
+    assert job.exit_codes() == {0: 83, 1: 83}, job.log()[-3000:]
+    reports = [r["body"] for r in control_plane.of_kind("checkpoints")]
+    requested = [r for r in reports if r["request_id"] == "req-7"]
+    assert len(requested) == 1  # served once although the directive stays up
+    (emergency,) = [r for r in reports if r["emergency"]]
+    assert emergency["step"] > requested[0]["step"]
+    store = open_storage(str(ckpt))
+    for report in (requested[0], emergency):
+        assert store.verify(report["step"], deep=True) == (True, "ok")
+        assert report["manifest_sha256"] == store.manifest_sha256(report["step"])
+        assert saved_step(framework, ckpt / f"step-{report['step']}") == report["step"]
+    kinds = [r["body"]["kind"] for r in control_plane.of_kind("events")]
+    assert kinds[-1] == "emergency_checkpoint" and "finished" not in kinds
