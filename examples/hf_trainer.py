@@ -80,9 +80,6 @@ def main() -> None:
     trainer = Trainer(model=model, args=training_args, train_dataset=Tokens(),
                       callbacks=[regatta_cb, Sleep(args.sleep)])
     trainer.train(resume_from_checkpoint=regatta_cb.resume_from_checkpoint())  # regatta
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    os._exit(0)  # gloo's teardown can abort a clean exit on CPU
 
 
 if __name__ == "__main__":
