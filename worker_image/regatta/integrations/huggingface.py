@@ -104,6 +104,7 @@ class RegattaCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         step = state.global_step
+        self.run.status(step=step)  # every rank's heartbeat carries its step
         if self.run.should_checkpoint(step):
             control.should_save = True
         if self.run.should_stop(step):

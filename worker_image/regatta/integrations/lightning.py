@@ -124,6 +124,7 @@ class RegattaCallback(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         step = trainer.global_step
+        self.run.status(step=step)  # every rank's heartbeat carries its step
         if step % max(1, trainer.log_every_n_steps) == 0:
             self._report(trainer, step)
         if self.run.should_checkpoint(step):
