@@ -74,6 +74,12 @@ class ClusterSettings:
                                             "spot notice or drain", minimum=0)
     spot_deadline_margin_s: float = setting(10.0, "time kept before a notice's deadline to "
                                             "stop the gang", minimum=0)
+    # -- sharing between teams (jobs/sharing.py) -------------------------------------
+    fair_share: bool = setting(True, "when more is asked than is free, admit teams in order "
+                               "of GPUs held per unit of quota weight")
+    preemption_checkpoint_wait_s: float = setting(
+        120.0, "wait for a preempted gang's checkpoint and exit before stopping it",
+        minimum=0)
     # -- checkpoint storage ----------------------------------------------------------
     storage_roots: tuple[str, ...] | None = setting(
         None, "storage roots jobs on this cluster may use, each under one of "

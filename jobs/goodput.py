@@ -9,6 +9,9 @@ Categories, and when they are booked:
   the failure rolled back, the hang before detection and checkpoint stalls;
 - rollback: from the checkpoint the failure fell back to (or the attempt's
   first step, if newer) to the failure;
+- preemption: the work a preempted gang lost when it could not checkpoint
+  within `preemption_checkpoint_wait_s` (from its newest checkpoint, or its
+  first step if newer, to the stop);
 - hang: from the silent rank's last heartbeat to the detection;
 - checkpoint: the blocking seconds of the attempt's checkpoints;
 - restart: the GPUs held before an attempt's first step: from the failure's
@@ -113,14 +116,16 @@ def book_running(job, attempt, now) -> None:
 
 
 def book_attempt_end(job, attempt, *, ended_at, rollback_s: float = 0.0, hang_s: float = 0.0,
-                     detail: str = "") -> None:
-    """Book the span of an attempt that ended (succeeded, failed or stopped)."""
+                     detail: str = "", lost_as: str = Category.ROLLBACK) -> None:
+    """Book the span of an attempt that ended (succeeded, failed or stopped).
+    `lost_as`: the category of the work rolled back (`preemption` for a
+    preempted gang that could not checkpoint in time)."""
     stalls = _stalls(attempt)
     if stalls:
         _settle(job, Category.CHECKPOINT, stalls, f"attempt-{attempt.id}-checkpoint",
                 attempt=attempt, detail="blocking checkpoint saves", now=ended_at)
     if rollback_s > 0:
-        book(job, Category.ROLLBACK, rollback_s, f"attempt-{attempt.id}-rollback",
+        book(job, lost_as, rollback_s, f"attempt-{attempt.id}-{lost_as}",
              attempt=attempt, detail=detail or "work since the checkpoint resumed from",
              now=ended_at)
     if hang_s > 0:

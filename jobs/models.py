@@ -88,7 +88,8 @@ class TrainingJob(models.Model):
     HOLDS_GPUS = (P.ADMITTED, P.STARTING, P.RUNNING, P.RESTARTING)
     # Allowed source phases for each target phase.
     TRANSITIONS = {
-        P.QUEUED: {P.PENDING, P.RESTARTING, P.ADMITTED},
+        # starting/running → queued: preempted (jobs/reconcile/evict.py).
+        P.QUEUED: {P.PENDING, P.RESTARTING, P.ADMITTED, P.STARTING, P.RUNNING},
         P.ADMITTED: {P.QUEUED},
         P.STARTING: {P.ADMITTED, P.RESTARTING},
         P.RUNNING: {P.STARTING, P.RESTARTING},
@@ -169,6 +170,14 @@ class TrainingJob(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     next_reconcile_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    # Sharing (jobs/sharing.py), written by the admission pass: GPUs this gang
+    # holds beyond its team's quota, and whose idle quota they are ({team id:
+    # GPUs}); a lender that needs them back reclaims the gang.
+    borrowed_gpus = models.PositiveIntegerField(default=0)
+    borrowed_from = models.JSONField(default=dict, blank=True)
+    # Set when a preemption sends the job back to the queue: it goes first
+    # among its team's jobs of its priority; cleared at its next admission.
+    preempted_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -490,6 +499,8 @@ class GoodputEntry(models.Model):
         CHECKPOINT = "checkpoint", "Checkpoint stalls"
         HANG = "hang", "Hang before detection"
         QUEUED = "queued", "Queueing"
+        # Work a preempted gang lost because it could not checkpoint in time.
+        PREEMPTION = "preemption", "Work lost to preemption"
 
     job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="goodput")
     attempt = models.ForeignKey(
