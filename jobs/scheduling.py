@@ -81,37 +81,32 @@ def free_nodes_by_pool(cluster_id: int) -> dict[int, int]:
     return free
 
 
-def team_usage(cluster_id: int, team_ids) -> dict[int, dict]:
-    rows = (
-        TrainingJob.objects.filter(
-            cluster_id=cluster_id, team_id__in=team_ids, phase__in=TrainingJob.HOLDS_GPUS
-        )
-        .values("team_id")
-        .annotate(gpus=Sum(F("num_nodes") * F("gpus_per_node")), jobs=Count("id"))
-    )
-    usage = {tid: {"gpus": 0, "jobs": 0} for tid in team_ids}
-    for row in rows:
-        usage[row["team_id"]] = {"gpus": row["gpus"] or 0, "jobs": row["jobs"]}
-    return usage
-
-
 def quota_usage(quotas) -> dict[int, dict]:
     """{quota id: GPUs and jobs its team holds on its cluster, against its
-    limits}, for any number of quotas in one query."""
+    limits, and the GPUs it borrows beyond its quota or lends out of it},
+    for any number of quotas in three queries."""
     quotas = list(quotas)
     pairs = {(q.team_id, q.cluster_id) for q in quotas}
+    holding = TrainingJob.objects.filter(cluster_id__in={c for _, c in pairs},
+                                         phase__in=TrainingJob.HOLDS_GPUS)
     held = {(r["team_id"], r["cluster_id"]): r for r in (
-        TrainingJob.objects.filter(team_id__in={t for t, _ in pairs},
-                                   cluster_id__in={c for _, c in pairs},
-                                   phase__in=TrainingJob.HOLDS_GPUS)
+        holding.filter(team_id__in={t for t, _ in pairs})
         .values("team_id", "cluster_id")
-        .annotate(gpus=Sum(F("num_nodes") * F("gpus_per_node")), jobs=Count("id")))}
+        .annotate(gpus=Sum(F("num_nodes") * F("gpus_per_node")), jobs=Count("id"),
+                  borrowed=Sum("borrowed_gpus")))}
+    lent: dict[tuple[int, int], int] = defaultdict(int)
+    for cluster_id, borrowed_from in holding.filter(borrowed_gpus__gt=0).values_list(
+            "cluster_id", "borrowed_from"):
+        for lender, gpus in (borrowed_from or {}).items():
+            lent[(int(lender), cluster_id)] += int(gpus)
     usage = {}
     for q in quotas:
         row = held.get((q.team_id, q.cluster_id)) or {}
-        gpus = row.get("gpus") or 0
+        gpus, borrowed = row.get("gpus") or 0, row.get("borrowed") or 0
+        lent_out = lent[(q.team_id, q.cluster_id)]
         usage[q.pk] = {"gpus_used": gpus, "gpus_limit": q.gpus,
-                       "gpus_free": max(0, q.gpus - gpus),
+                       "gpus_free": max(0, q.gpus - (gpus - borrowed) - lent_out),
+                       "gpus_borrowed": borrowed, "gpus_lent": lent_out,
                        "running_jobs": row.get("jobs", 0),
                        "running_jobs_limit": q.max_running_jobs}
     return usage

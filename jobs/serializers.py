@@ -27,6 +27,7 @@ STATUS_FIELDS = (
     "phase", "pending_reason", "conditions", "current_step", "progress", "last_error",
     "restart_counts", "checkpoint_interval_steps", "checkpoint_interval_inputs",
     "observed_generation", "created_at", "admitted_at", "started_at", "finished_at",
+    "borrowed_gpus", "borrowed_from", "preempted_at",
 )
 
 
@@ -113,6 +114,8 @@ class UsageSerializer(serializers.Serializer):
     gpus_used = serializers.IntegerField()
     gpus_limit = serializers.IntegerField()
     gpus_free = serializers.IntegerField()
+    gpus_borrowed = serializers.IntegerField()
+    gpus_lent = serializers.IntegerField()
     running_jobs = serializers.IntegerField()
     running_jobs_limit = serializers.IntegerField()
 
