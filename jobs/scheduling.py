@@ -219,6 +219,12 @@ class _Pass:
             # The nodes being freed are this job's: nothing behind it takes them.
             self.blocked_by[pool.id] = job
             return reason
+        if job.id in self.fleet.nominated:
+            # Its victims went (cancelled, ended) and no others would do:
+            # it is an ordinary waiter again.
+            TrainingJob.objects.filter(pk=job.pk).update(
+                conditions=preemption.clear_nomination(job))
+            self.fleet.nominated.discard(job.id)
         if quota_short:
             reason = (f"needs {_plural(job.world_size, 'GPU')}; "
                       f"team quota has {team.quota_free} free")
