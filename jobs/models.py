@@ -318,6 +318,9 @@ class JobAttempt(models.Model):
     resume_step = models.PositiveIntegerField(null=True, blank=True)
     # The preflight check's result: all-reduce bandwidth, DCGM, failed nodes.
     preflight = models.JSONField(default=dict, blank=True)
+    # Where the gang landed: the pool's topology label and the nodes per
+    # value of it (jobs/placement.py).
+    placement = models.JSONField(default=dict, blank=True)
     # What the provider needs to find this attempt again after a worker restart.
     provider_ref = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)

@@ -103,7 +103,7 @@ class AttemptSerializer(serializers.ModelSerializer):
     class Meta:
         model = JobAttempt
         fields = ("id", "number", "state", "nodes", "ranks", "resumed_from_step",
-                  "resumed_from_checkpoint", "preflight", "created_at", "started_at",
+                  "resumed_from_checkpoint", "preflight", "placement", "created_at", "started_at",
                   "first_step_at", "ended_at", "exit_code", "failure_class", "failure_reason",
                   "last_heartbeat_at", "last_step", "checkpoint_request_id",
                   "checkpoint_requested_at", "stop_requested_at")
