@@ -216,8 +216,9 @@ class _Pass:
             preemption.nominate(job, room, reason, self.now)
             for victim in room.victims:
                 victim.evicting_for = job.id
-            # The nodes being freed are this job's: nothing behind it takes them.
-            self.blocked_by[pool.id] = job
+            if nodes_short:
+                # The nodes being freed are this job's: nothing behind it takes them.
+                self.blocked_by[pool.id] = job
             return reason
         if job.id in self.fleet.nominated:
             # Its victims went (cancelled, ended) and no others would do:
