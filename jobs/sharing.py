@@ -180,9 +180,10 @@ def admission_order(queued: list[TrainingJob], fleet: Fleet):
     with fair share on, the team holding least per unit of weight takes its
     next job (re-read after each, so an admission moves its team back);
     with it off, the queue order (priority, then submit time)."""
+    # Split before yielding: the pass drops nominations as it goes.
     first = [j for j in queued if j.id in fleet.nominated]
-    yield from first
     rest = [j for j in queued if j.id not in fleet.nominated]
+    yield from first
     if not fleet.fair:
         yield from rest
         return

@@ -4,6 +4,7 @@ checkpoint-then-preempt, and the reasons a waiting job is given."""
 import pytest
 from django.utils import timezone
 
+from clusters.models import Node
 from jobs.models import GoodputEntry, JobAttempt, JobEvent, Phase, Quota
 from jobs.reconcile import reconcile_job
 from jobs.scheduling import admit, quota_usage
@@ -259,3 +260,35 @@ def test_with_fair_share_off_the_queue_order_is_priority_then_submit_time(db):
     theirs = queued(cluster, poor, later(now, 4), name="theirs", nodes=1)
     assert admit(cluster.id, later(now, 6)).admitted == [mine.id]
     assert reload(theirs)[0].phase == Phase.QUEUED
+
+
+def test_a_preempted_job_goes_first_among_its_teams_jobs_of_its_priority(cluster):
+    team = team_with_quota(cluster, name="vision", gpus=4)
+    now = timezone.now()
+    older = queued(cluster, team, now, name="older")
+    back = queued(cluster, team, later(now, 1), name="back")
+    type(back).objects.filter(pk=back.pk).update(preempted_at=later(now, 2))
+    assert admit(cluster.id, later(now, 3)).admitted == [back.id]
+    reload(back, older)
+    assert back.preempted_at is None  # an admission clears the mark
+    assert older.phase == Phase.QUEUED
+
+
+def test_a_nomination_whose_victims_are_gone_is_dropped(cluster):
+    team = team_with_quota(cluster, name="vision", gpus=8)
+    now = timezone.now()
+    low = running(cluster, team, now, name="low", nodes=4)
+    high = queued(cluster, team, later(now, 5), name="high", nodes=4, priority=5)
+    admit(cluster.id, later(now, 6))
+    assert any(c["type"] == NOMINATED for c in reload(high)[0].conditions)
+    # The victim is cancelled instead, and two nodes break meanwhile.
+    low.request_cancel("owner", now=later(now, 7))
+    reconcile_job(low.id, later(now, 7))
+    for node in Node.objects.filter(cluster=cluster).order_by("name")[:2]:
+        node.cordon("broken")
+    admit(cluster.id, later(now, 10))
+    reload(high)
+    assert high.phase == Phase.QUEUED
+    assert not any(c["type"] == NOMINATED for c in high.conditions)
+    assert high.pending_reason == (
+        "needs 4 nodes; 2 healthy nodes free in pool gpu; position 1 in queue")
