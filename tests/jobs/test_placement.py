@@ -5,8 +5,6 @@ import pytest
 from django.utils import timezone
 
 from clusters.models import Node, NodePool
-from clusters.settings import parse_pool
-from controlplane.lib.typed_settings import SettingsError
 from jobs import placement
 from jobs.models import JobAttempt, JobEvent
 from tests.fleet_helpers import launch, memory_cluster, submit, team_with_quota
@@ -62,9 +60,3 @@ def test_without_the_label_nodes_go_by_name():
     assert [n.name for n in placement.order(nodes, "", 2)] == [f"n{i}" for i in range(6)]
     # A relaunch keeps its own node first, then its rack.
     assert [n.name for n in placement.order(nodes, "rack", 2, prefer=[5])][:1] == ["n5"]
-
-
-def test_a_topology_label_that_is_not_a_name_is_refused():
-    with pytest.raises(SettingsError) as err:
-        parse_pool({"topology_label": 7}, "memory", "gpu")
-    assert "topology_label" in str(err.value.errors if hasattr(err.value, "errors") else err.value)
