@@ -99,8 +99,19 @@ class Fleet:
     fair: bool
     nominated: set[int] = field(default_factory=set)
 
-    def team(self, team_id: int) -> TeamState:
-        return self.teams[team_id]
+    _index: dict | None = None
+
+    def index(self) -> dict:
+        """{"team": {team id: its gangs}, "lent": {lender id: borrowing gangs}}."""
+        if self._index is None:
+            team: dict[int, list[Holder]] = defaultdict(list)
+            lent: dict[str, list[Holder]] = defaultdict(list)
+            for holder in self.holders:
+                team[holder.team_id].append(holder)
+                for lender in holder.borrowed_from:
+                    lent[lender].append(holder)
+            self._index = {"team": team, "lent": lent}
+        return self._index
 
     def fair_share_gpus(self, team_id: int) -> int:
         """The team's weighted slice of the cluster among teams that hold or ask."""
@@ -223,7 +234,11 @@ def make_room(job: TrainingJob, pool_id: int, fleet: Fleet, quota_short: int,
     team's quota in its pool first, then the team's own lower-priority
     gangs; lowest priority and newest first within each."""
     team_key = str(job.team_id)
-    live = [h for h in fleet.holders if h.phase in (Phase.STARTING, Phase.RUNNING)]
+    # Only the team's own gangs and its borrowers can be victims: a pass
+    # over a long queue looks at those, never at every gang of the cluster.
+    mine = fleet.index()
+    live = [h for h in (*mine["team"].get(job.team_id, ()), *mine["lent"].get(team_key, ()))
+            if h.phase in (Phase.STARTING, Phase.RUNNING)]
     already = [h for h in live if h.evicting_for == job.id]
     free_to_take = [h for h in live if h.evicting_for is None]
     reclaimable = [h for h in free_to_take
