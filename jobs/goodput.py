@@ -95,11 +95,27 @@ def _stalls(attempt) -> float:
     )
 
 
-def book_queueing(job, since, now) -> None:
+def queueing_entry(job, since, now) -> GoodputEntry | None:
+    """The queued span ending at the job's admission, unsaved: an admission
+    pass books all of its admissions' spans in one insert
+    (`book_queueing_many`)."""
     if since is None:
-        return
-    book(job, Category.QUEUED, (now - since).total_seconds(),
-         f"queued-{int(since.timestamp() * 1000)}", detail="waiting for admission", now=now)
+        return None
+    seconds = max(0.0, (now - since).total_seconds())
+    return GoodputEntry(job=job, category=Category.QUEUED, seconds=seconds,
+                        gpu_seconds=seconds * job.world_size, detail="waiting for admission",
+                        key=f"queued-{int(since.timestamp() * 1000)}", created_at=now)
+
+
+def book_queueing(job, since, now) -> None:
+    book_queueing_many([queueing_entry(job, since, now)])
+
+
+def book_queueing_many(entries) -> None:
+    """Keyed like every line: a span booked already is left as it is."""
+    entries = [e for e in entries if e is not None]
+    if entries:
+        GoodputEntry.objects.bulk_create(entries, ignore_conflicts=True, batch_size=500)
 
 
 def book_running(job, attempt, now) -> None:

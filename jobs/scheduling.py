@@ -31,7 +31,7 @@ from clusters.models import Cluster, Node, NodePool
 from controlplane.lib.tasks import ADMIT_CLUSTER, RECONCILE_JOB, enqueue_on_commit
 
 from . import goodput, preemption, sharing
-from .models import AttemptNode, JobAttempt, Phase, Quota, Team, TrainingJob
+from .models import AttemptNode, GoodputEntry, JobAttempt, Phase, Quota, Team, TrainingJob
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +161,7 @@ def admit(cluster_id: int, now) -> AdmissionReport:
                 continue
             position += 1
             reasons[job.id] = f"{reason}; position {position} in queue"
+        goodput.book_queueing_many(pass_.queueing)
         _store_reasons(queued, reasons)
         report.waiting = reasons
     return report
@@ -176,6 +177,7 @@ class _Pass:
         self.default_pool = next(iter(self.pools.values()), None)
         self.free = free_nodes_by_pool(cluster.id)
         self.blocked_by: dict[int, TrainingJob] = {}
+        self.queueing: list = []  # the admitted jobs' queueing spans, booked at the end
 
     def consider(self, job: TrainingJob) -> str | None:
         """None: admitted; otherwise why it waits."""
@@ -257,9 +259,9 @@ class _Pass:
     def _admit(self, job, pool, plan: dict[int, int]) -> None:
         borrowed = sum(plan.values())
         lenders = ", ".join(f"team {self.names.get(t, t)}" for t in plan)
-        _admit_one(job, pool, self.now, borrowed=borrowed,
-                   borrowed_from={str(t): g for t, g in plan.items()},
-                   note=f"borrowing {borrowed} idle GPUs from {lenders}" if borrowed else "")
+        note = f"borrowing {borrowed} idle GPUs from {lenders}" if borrowed else ""
+        self.queueing.append(_admit_one(job, pool, self.now, borrowed=borrowed, note=note,
+                                        borrowed_from={str(t): g for t, g in plan.items()}))
         self.fleet.take(job, plan)
         self.free[pool.id] -= job.num_nodes
 
@@ -290,7 +292,9 @@ def note_position(job: TrainingJob) -> None:
 
 
 def _admit_one(job: TrainingJob, pool: NodePool, now, *, borrowed: int = 0,
-               borrowed_from=None, note: str = "") -> None:
+               borrowed_from=None, note: str = "") -> GoodputEntry | None:
+    """Admit the job; returns its queueing span for the pass to book with
+    the others in one insert."""
     waited_since = job.phase_changed_at
     # The cluster pass reads its clock before it waits for the cluster's row
     # lock; a job queued meanwhile must not be admitted before it was queued.
@@ -305,8 +309,8 @@ def _admit_one(job: TrainingJob, pool: NodePool, now, *, borrowed: int = 0,
         borrowed_from=borrowed_from or {}, preempted_at=None,
         conditions=preemption.clear_nomination(job),
     )
-    goodput.book_queueing(job, waited_since, now)
     enqueue_on_commit(RECONCILE_JOB, job.id)
+    return goodput.queueing_entry(job, waited_since, now)
 
 
 def _store_reasons(queued: list[TrainingJob], reasons: dict[int, str]) -> None:
