@@ -86,6 +86,11 @@ class NodePool(models.Model):
         return _memo(self, (self.cluster.provider, self.settings),
                      lambda: parse_pool(self.settings, self.cluster.provider, self.name))
 
+    @property
+    def topology_label(self) -> str:
+        """The node label a gang's nodes should share (clusters/settings.py)."""
+        return str((self.settings or {}).get("topology_label") or "")
+
     def clean(self):
         try:
             provider = self.cluster.provider  # unsaved too: an inline of a new cluster

@@ -74,6 +74,12 @@ class ClusterSettings:
                                             "spot notice or drain", minimum=0)
     spot_deadline_margin_s: float = setting(10.0, "time kept before a notice's deadline to "
                                             "stop the gang", minimum=0)
+    # -- sharing between teams (jobs/sharing.py) -------------------------------------
+    fair_share: bool = setting(True, "when more is asked than is free, admit teams in order "
+                               "of GPUs held per unit of quota weight")
+    preemption_checkpoint_wait_s: float = setting(
+        120.0, "wait for a preempted gang's checkpoint and exit before stopping it",
+        minimum=0)
     # -- checkpoint storage ----------------------------------------------------------
     storage_roots: tuple[str, ...] | None = setting(
         None, "storage roots jobs on this cluster may use, each under one of "
@@ -119,11 +125,21 @@ class ClusterSettings:
         return django_settings.SWEEP_INTERVAL_S
 
 
+# The one pool key every provider understands: a node label (a placement
+# group, a rack, an EFA topology block) whose nodes a gang is kept within
+# when it can be (jobs/placement.py). Read as `NodePool.topology_label`.
+TOPOLOGY_LABEL = "topology_label"
+
+
 def parse_pool(raw: dict[str, Any] | None, provider_kind: str, pool_name: str = ""):
-    """A pool's settings in its provider's PoolSettings class."""
+    """A pool's settings in its provider's PoolSettings class (the common
+    `topology_label` is checked here and left out of it)."""
     raw = dict(raw or {})
     section_cls = provider_class(provider_kind).PoolSettings
     where = f"pool {pool_name}".strip()
+    label = raw.pop(TOPOLOGY_LABEL, "")
+    if not isinstance(label, str) or len(label) > 317:
+        raise SettingsError(where, {TOPOLOGY_LABEL: "must be a node label name"})
     unknown = set(raw) - keys(section_cls)
     if unknown:
         raise SettingsError(where, {k: f"is not a pool setting of {provider_kind} clusters"

@@ -25,6 +25,9 @@ class NodeTile:
     busy: bool = False
     job: object = None  # the TrainingJob running there, when the viewer may see it
     health: str = "ok"  # ok | warning | critical: the worst open health event
+    # The gang there holds GPUs beyond its team's quota (jobs/sharing.py):
+    # the lending team may reclaim them.
+    borrowed: bool = False
 
     @property
     def css(self) -> str:
@@ -90,7 +93,8 @@ def cluster_views(user) -> list[ClusterView]:
         for node in by_cluster.get(cluster.pk, []):
             job = busy.get(node.pk)
             tile = NodeTile(node=node, busy=job is not None, health=health.get(node.pk, "ok"),
-                            job=job if job is not None and job.pk in visible else None)
+                            job=job if job is not None and job.pk in visible else None,
+                            borrowed=job is not None and job.borrowed_gpus > 0)
             view.tiles.append(tile)
             view.gpus_total += node.gpus
             if node.is_spare:

@@ -47,6 +47,13 @@ def checkpoint_counts(job: TrainingJob, shown: int) -> dict:
     }
 
 
+def preemptions(job: TrainingJob) -> list[dict]:
+    """Each time the job was preempted or reclaimed (jobs/reconcile/evict.py),
+    newest first: by which job, the checkpoint it saved, what it lost."""
+    rows = job.events.filter(kind="Preempted").order_by("-created_at", "-id")[:EVENT_LIMIT]
+    return [{"at": e.created_at, "message": e.message, **(e.evidence or {})} for e in rows]
+
+
 def events(job: TrainingJob):
     """The newest events, shown newest first."""
     return job.events.select_related("attempt").order_by("-created_at", "-id")[:EVENT_LIMIT]

@@ -9,6 +9,9 @@ Categories, and when they are booked:
   the failure rolled back, the hang before detection and checkpoint stalls;
 - rollback: from the checkpoint the failure fell back to (or the attempt's
   first step, if newer) to the failure;
+- preemption: the work a preempted gang lost when it could not checkpoint
+  within `preemption_checkpoint_wait_s` (from its newest checkpoint, or its
+  first step if newer, to the stop);
 - hang: from the silent rank's last heartbeat to the detection;
 - checkpoint: the blocking seconds of the attempt's checkpoints;
 - restart: the GPUs held before an attempt's first step: from the failure's
@@ -92,11 +95,27 @@ def _stalls(attempt) -> float:
     )
 
 
-def book_queueing(job, since, now) -> None:
+def queueing_entry(job, since, now) -> GoodputEntry | None:
+    """The queued span ending at the job's admission, unsaved: an admission
+    pass books all of its admissions' spans in one insert
+    (`book_queueing_many`)."""
     if since is None:
-        return
-    book(job, Category.QUEUED, (now - since).total_seconds(),
-         f"queued-{int(since.timestamp() * 1000)}", detail="waiting for admission", now=now)
+        return None
+    seconds = max(0.0, (now - since).total_seconds())
+    return GoodputEntry(job=job, category=Category.QUEUED, seconds=seconds,
+                        gpu_seconds=seconds * job.world_size, detail="waiting for admission",
+                        key=f"queued-{int(since.timestamp() * 1000)}", created_at=now)
+
+
+def book_queueing(job, since, now) -> None:
+    book_queueing_many([queueing_entry(job, since, now)])
+
+
+def book_queueing_many(entries) -> None:
+    """Keyed like every line: a span booked already is left as it is."""
+    entries = [e for e in entries if e is not None]
+    if entries:
+        GoodputEntry.objects.bulk_create(entries, ignore_conflicts=True, batch_size=500)
 
 
 def book_running(job, attempt, now) -> None:
@@ -113,14 +132,16 @@ def book_running(job, attempt, now) -> None:
 
 
 def book_attempt_end(job, attempt, *, ended_at, rollback_s: float = 0.0, hang_s: float = 0.0,
-                     detail: str = "") -> None:
-    """Book the span of an attempt that ended (succeeded, failed or stopped)."""
+                     detail: str = "", lost_as: str = Category.ROLLBACK) -> None:
+    """Book the span of an attempt that ended (succeeded, failed or stopped).
+    `lost_as`: the category of the work rolled back (`preemption` for a
+    preempted gang that could not checkpoint in time)."""
     stalls = _stalls(attempt)
     if stalls:
         _settle(job, Category.CHECKPOINT, stalls, f"attempt-{attempt.id}-checkpoint",
                 attempt=attempt, detail="blocking checkpoint saves", now=ended_at)
     if rollback_s > 0:
-        book(job, Category.ROLLBACK, rollback_s, f"attempt-{attempt.id}-rollback",
+        book(job, lost_as, rollback_s, f"attempt-{attempt.id}-{lost_as}",
              attempt=attempt, detail=detail or "work since the checkpoint resumed from",
              now=ended_at)
     if hang_s > 0:

@@ -88,8 +88,10 @@ class TrainingJob(models.Model):
     HOLDS_GPUS = (P.ADMITTED, P.STARTING, P.RUNNING, P.RESTARTING)
     # Allowed source phases for each target phase.
     TRANSITIONS = {
-        # From an end: a person's rerun of the job from a checkpoint.
-        P.QUEUED: {P.PENDING, P.RESTARTING, P.ADMITTED, P.SUCCEEDED, P.FAILED, P.CANCELLED},
+        # From an end: a person's rerun of the job from a checkpoint;
+        # starting/running → queued: preempted (jobs/reconcile/evict.py).
+        P.QUEUED: {P.PENDING, P.RESTARTING, P.ADMITTED, P.STARTING, P.RUNNING, P.SUCCEEDED,
+                   P.FAILED, P.CANCELLED},
         P.ADMITTED: {P.QUEUED},
         P.STARTING: {P.ADMITTED, P.RESTARTING},
         P.RUNNING: {P.STARTING, P.RESTARTING},
@@ -181,6 +183,14 @@ class TrainingJob(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     next_reconcile_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    # Sharing (jobs/sharing.py), written by the admission pass: GPUs this gang
+    # holds beyond its team's quota, and whose idle quota they are ({team id:
+    # GPUs}); a lender that needs them back reclaims the gang.
+    borrowed_gpus = models.PositiveIntegerField(default=0)
+    borrowed_from = models.JSONField(default=dict, blank=True)
+    # Set when a preemption sends the job back to the queue: it goes first
+    # among its team's jobs of its priority; cleared at its next admission.
+    preempted_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -347,6 +357,9 @@ class JobAttempt(models.Model):
     resume_step = models.PositiveIntegerField(null=True, blank=True)
     # The preflight check's result: all-reduce bandwidth, DCGM, failed nodes.
     preflight = models.JSONField(default=dict, blank=True)
+    # Where the gang landed: the pool's topology label and the nodes per
+    # value of it (jobs/placement.py).
+    placement = models.JSONField(default=dict, blank=True)
     # What the provider needs to find this attempt again after a worker restart.
     provider_ref = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
@@ -536,6 +549,8 @@ class GoodputEntry(models.Model):
         CHECKPOINT = "checkpoint", "Checkpoint stalls"
         HANG = "hang", "Hang before detection"
         QUEUED = "queued", "Queueing"
+        # Work a preempted gang lost because it could not checkpoint in time.
+        PREEMPTION = "preemption", "Work lost to preemption"
 
     job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="goodput")
     attempt = models.ForeignKey(

@@ -30,8 +30,8 @@ from django.db.models import Count, F, Q, Sum
 from clusters.models import Cluster, Node, NodePool
 from controlplane.lib.tasks import ADMIT_CLUSTER, RECONCILE_JOB, enqueue_on_commit
 
-from . import goodput
-from .models import AttemptNode, JobAttempt, Phase, Quota, TrainingJob
+from . import goodput, preemption, sharing
+from .models import AttemptNode, GoodputEntry, JobAttempt, Phase, Quota, Team, TrainingJob
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,8 @@ class AdmissionReport:
 
 
 def queue_order(qs):
-    return qs.order_by("-priority", "created_at", "id")
+    # A preempted job goes first among its team's jobs of its priority.
+    return qs.order_by("-priority", F("preempted_at").asc(nulls_last=True), "created_at", "id")
 
 
 def busy_node_ids(cluster_id: int) -> set[int]:
@@ -80,37 +81,32 @@ def free_nodes_by_pool(cluster_id: int) -> dict[int, int]:
     return free
 
 
-def team_usage(cluster_id: int, team_ids) -> dict[int, dict]:
-    rows = (
-        TrainingJob.objects.filter(
-            cluster_id=cluster_id, team_id__in=team_ids, phase__in=TrainingJob.HOLDS_GPUS
-        )
-        .values("team_id")
-        .annotate(gpus=Sum(F("num_nodes") * F("gpus_per_node")), jobs=Count("id"))
-    )
-    usage = {tid: {"gpus": 0, "jobs": 0} for tid in team_ids}
-    for row in rows:
-        usage[row["team_id"]] = {"gpus": row["gpus"] or 0, "jobs": row["jobs"]}
-    return usage
-
-
 def quota_usage(quotas) -> dict[int, dict]:
     """{quota id: GPUs and jobs its team holds on its cluster, against its
-    limits}, for any number of quotas in one query."""
+    limits, and the GPUs it borrows beyond its quota or lends out of it},
+    for any number of quotas in three queries."""
     quotas = list(quotas)
     pairs = {(q.team_id, q.cluster_id) for q in quotas}
+    holding = TrainingJob.objects.filter(cluster_id__in={c for _, c in pairs},
+                                         phase__in=TrainingJob.HOLDS_GPUS)
     held = {(r["team_id"], r["cluster_id"]): r for r in (
-        TrainingJob.objects.filter(team_id__in={t for t, _ in pairs},
-                                   cluster_id__in={c for _, c in pairs},
-                                   phase__in=TrainingJob.HOLDS_GPUS)
+        holding.filter(team_id__in={t for t, _ in pairs})
         .values("team_id", "cluster_id")
-        .annotate(gpus=Sum(F("num_nodes") * F("gpus_per_node")), jobs=Count("id")))}
+        .annotate(gpus=Sum(F("num_nodes") * F("gpus_per_node")), jobs=Count("id"),
+                  borrowed=Sum("borrowed_gpus")))}
+    lent: dict[tuple[int, int], int] = defaultdict(int)
+    for cluster_id, borrowed_from in holding.filter(borrowed_gpus__gt=0).values_list(
+            "cluster_id", "borrowed_from"):
+        for lender, gpus in (borrowed_from or {}).items():
+            lent[(int(lender), cluster_id)] += int(gpus)
     usage = {}
     for q in quotas:
         row = held.get((q.team_id, q.cluster_id)) or {}
-        gpus = row.get("gpus") or 0
+        gpus, borrowed = row.get("gpus") or 0, row.get("borrowed") or 0
+        lent_out = lent[(q.team_id, q.cluster_id)]
         usage[q.pk] = {"gpus_used": gpus, "gpus_limit": q.gpus,
-                       "gpus_free": max(0, q.gpus - gpus),
+                       "gpus_free": max(0, q.gpus - (gpus - borrowed) - lent_out),
+                       "gpus_borrowed": borrowed, "gpus_lent": lent_out,
                        "running_jobs": row.get("jobs", 0),
                        "running_jobs_limit": q.max_running_jobs}
     return usage
@@ -149,35 +145,125 @@ def admit(cluster_id: int, now) -> AdmissionReport:
         )))
         if not queued:
             return report
-        team_ids = sorted({j.team_id for j in queued})
-        quotas = {
-            q.team_id: q
-            for q in Quota.objects.select_for_update()
-            .filter(cluster_id=cluster_id, team_id__in=team_ids)
-            .order_by("id")
-        }
-        usage = team_usage(cluster_id, team_ids)
-        pools = {p.id: p for p in NodePool.objects.filter(cluster_id=cluster_id).order_by("name")}
-        default_pool = next(iter(pools.values()), None)
-        free = free_nodes_by_pool(cluster_id)
-        blocked_by: dict[int, TrainingJob] = {}
+        # Every quota of the cluster: lenders' idle quota is read too.
+        quotas = {q.team_id: q for q in Quota.objects.select_for_update()
+                  .filter(cluster_id=cluster_id).order_by("id")}
+        names = dict(Team.objects.filter(
+            pk__in={*quotas, *(j.team_id for j in queued)}).values_list("id", "name"))
+        fleet = sharing.load(cluster, queued, quotas, names)
+        pass_ = _Pass(cluster, fleet, names, now)
         position = 0
         reasons: dict[int, str] = {}
-        for job in queued:
-            pool = pools.get(job.pool_id) or default_pool
-            reason = _why_not(cluster, job, pool, quotas, usage, free, blocked_by)
+        for job in sharing.admission_order(queued, fleet):
+            reason = pass_.consider(job)
             if reason is None:
-                _admit_one(job, pool, now)
-                usage[job.team_id]["gpus"] += job.world_size
-                usage[job.team_id]["jobs"] += 1
-                free[pool.id] -= job.num_nodes
                 report.admitted.append(job.id)
                 continue
             position += 1
             reasons[job.id] = f"{reason}; position {position} in queue"
+        goodput.book_queueing_many(pass_.queueing)
         _store_reasons(queued, reasons)
         report.waiting = reasons
     return report
+
+
+class _Pass:
+    """One pass's decisions, job by job, against the figures it keeps current."""
+
+    def __init__(self, cluster, fleet: sharing.Fleet, names: dict, now):
+        self.cluster, self.fleet, self.names, self.now = cluster, fleet, names, now
+        self.pools = {p.id: p for p in NodePool.objects.filter(cluster_id=cluster.id)
+                      .order_by("name")}
+        self.default_pool = next(iter(self.pools.values()), None)
+        self.free = free_nodes_by_pool(cluster.id)
+        self.blocked_by: dict[int, TrainingJob] = {}
+        self.queueing: list = []  # the admitted jobs' queueing spans, booked at the end
+
+    def consider(self, job: TrainingJob) -> str | None:
+        """None: admitted; otherwise why it waits."""
+        cluster, pool = self.cluster, self.pools.get(job.pool_id) or self.default_pool
+        if pool is None:
+            return f"cluster {cluster.name} has no node pool"
+        if job.gpus_per_node > pool.gpus_per_node:
+            return (f"needs {job.gpus_per_node} GPUs per node; pool {pool.name} nodes have "
+                    f"{pool.gpus_per_node}")
+        team = self.fleet.teams[job.team_id]
+        quota = team.quota
+        if quota is None:
+            return f"no quota on cluster {cluster.name}"
+        if team.jobs >= quota.max_running_jobs:
+            return (f"team runs {team.jobs} jobs on cluster {cluster.name}; "
+                    f"quota allows {quota.max_running_jobs}")
+        blocker = self.blocked_by.get(pool.id)
+        if blocker is not None:
+            return f"waiting behind job #{blocker.id} ({blocker.name}) for pool {pool.name}"
+        quota_short = max(0, job.world_size - team.quota_free)
+        plan: dict[int, int] = {}
+        if quota_short and quota.can_borrow:
+            plan = self.fleet.borrow_plan(team, quota_short) or {}
+        available = max(0, self.free.get(pool.id, 0))
+        nodes_short = max(0, job.num_nodes - available)
+        if (quota_short and not plan) or nodes_short:
+            return self._wait(job, pool, team, quota_short if not plan else 0, nodes_short,
+                              available)
+        self._admit(job, pool, plan)
+        return None
+
+    def _wait(self, job, pool, team, quota_short, nodes_short, available) -> str:
+        room = sharing.make_room(job, pool.id, self.fleet, quota_short, nodes_short)
+        if room is not None:
+            reason = self._room_reason(room)
+            preemption.ask_victims(job, room, self.names, self.now,
+                                   self.cluster.config.preemption_checkpoint_wait_s)
+            preemption.nominate(job, room, reason, self.now)
+            for victim in room.victims:
+                victim.evicting_for = job.id
+            if nodes_short:
+                # The nodes being freed are this job's: nothing behind it takes them.
+                self.blocked_by[pool.id] = job
+            return reason
+        if job.id in self.fleet.nominated:
+            # Its victims went (cancelled, ended) and no others would do:
+            # it is an ordinary waiter again.
+            TrainingJob.objects.filter(pk=job.pk).update(
+                conditions=preemption.clear_nomination(job))
+            self.fleet.nominated.discard(job.id)
+        if quota_short:
+            reason = (f"needs {_plural(job.world_size, 'GPU')}; "
+                      f"team quota has {team.quota_free} free")
+            if team.quota.can_borrow:
+                reason += f"; {_plural(self.fleet.idle_for(team), 'idle GPU')} to borrow"
+            return reason
+        self.blocked_by[pool.id] = job
+        reason = (f"needs {_plural(job.num_nodes, 'node')}; "
+                  f"{_plural(available, 'healthy node')} free in pool {pool.name}")
+        share = self.fleet.fair_share_gpus(job.team_id)
+        if self.fleet.fair and team.held > share:
+            reason += f"; team fair share: holds {team.held} of its {share}-GPU share"
+        return reason
+
+    def _room_reason(self, room: sharing.Room) -> str:
+        parts = []
+        by_borrower: dict[str, int] = defaultdict(int)
+        for victim in room.reclaim:
+            by_borrower[self.names.get(victim.team_id, str(victim.team_id))] += \
+                victim.world_size
+        for borrower, gpus in sorted(by_borrower.items()):
+            parts.append(f"reclaiming {_plural(gpus, 'GPU')} lent to team {borrower}")
+        for victim in room.victims:
+            if victim not in room.reclaim:
+                parts.append(f"will preempt job #{victim.id} (priority {victim.priority}) "
+                             "after its checkpoint")
+        return "; ".join(parts)
+
+    def _admit(self, job, pool, plan: dict[int, int]) -> None:
+        borrowed = sum(plan.values())
+        lenders = ", ".join(f"team {self.names.get(t, t)}" for t in plan)
+        note = f"borrowing {borrowed} idle GPUs from {lenders}" if borrowed else ""
+        self.queueing.append(_admit_one(job, pool, self.now, borrowed=borrowed, note=note,
+                                        borrowed_from={str(t): g for t, g in plan.items()}))
+        self.fleet.take(job, plan)
+        self.free[pool.id] -= job.num_nodes
 
 
 def queue_position(job: TrainingJob) -> int:
@@ -205,46 +291,26 @@ def note_position(job: TrainingJob) -> None:
     job.pending_reason = reason
 
 
-def _why_not(cluster, job, pool, quotas, usage, free, blocked_by) -> str | None:
-    if pool is None:
-        return f"cluster {cluster.name} has no node pool"
-    if job.gpus_per_node > pool.gpus_per_node:
-        return (f"needs {job.gpus_per_node} GPUs per node; pool {pool.name} nodes have "
-                f"{pool.gpus_per_node}")
-    quota = quotas.get(job.team_id)
-    if quota is None:
-        return f"no quota on cluster {cluster.name}"
-    used = usage[job.team_id]
-    quota_free = max(0, quota.gpus - used["gpus"])
-    if job.world_size > quota_free:
-        return f"needs {_plural(job.world_size, 'GPU')}; team quota has {quota_free} free"
-    if used["jobs"] >= quota.max_running_jobs:
-        return (f"team runs {used['jobs']} jobs on cluster {cluster.name}; "
-                f"quota allows {quota.max_running_jobs}")
-    blocker = blocked_by.get(pool.id)
-    if blocker is not None:
-        return f"waiting behind job #{blocker.id} ({blocker.name}) for pool {pool.name}"
-    available = max(0, free.get(pool.id, 0))
-    if job.num_nodes > available:
-        blocked_by[pool.id] = job
-        return (f"needs {_plural(job.num_nodes, 'node')}; "
-                f"{_plural(available, 'healthy node')} free in pool {pool.name}")
-    return None
-
-
-def _admit_one(job: TrainingJob, pool: NodePool, now) -> None:
+def _admit_one(job: TrainingJob, pool: NodePool, now, *, borrowed: int = 0,
+               borrowed_from=None, note: str = "") -> GoodputEntry | None:
+    """Admit the job; returns its queueing span for the pass to book with
+    the others in one insert."""
     waited_since = job.phase_changed_at
     # The cluster pass reads its clock before it waits for the cluster's row
     # lock; a job queued meanwhile must not be admitted before it was queued.
     now = max(now, waited_since)
+    message = f"admitted on pool {pool.name}: {job.num_nodes} × {job.gpus_per_node} GPUs"
     job.transition(
         Phase.ADMITTED, reason="Admitted", now=now,
-        message=f"admitted on pool {pool.name}: {job.num_nodes} × {job.gpus_per_node} GPUs",
-        evidence={"pool": pool.name, "gpus": job.world_size, "nodes": job.num_nodes},
-        admitted_at=now, pending_reason="", pool=pool,
+        message=f"{message}; {note}" if note else message,
+        evidence={"pool": pool.name, "gpus": job.world_size, "nodes": job.num_nodes,
+                  "borrowed_gpus": borrowed, "borrowed_from": borrowed_from or {}},
+        admitted_at=now, pending_reason="", pool=pool, borrowed_gpus=borrowed,
+        borrowed_from=borrowed_from or {}, preempted_at=None,
+        conditions=preemption.clear_nomination(job),
     )
-    goodput.book_queueing(job, waited_since, now)
     enqueue_on_commit(RECONCILE_JOB, job.id)
+    return goodput.queueing_entry(job, waited_since, now)
 
 
 def _store_reasons(queued: list[TrainingJob], reasons: dict[int, str]) -> None:

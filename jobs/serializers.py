@@ -32,6 +32,7 @@ STATUS_FIELDS = (
     "restart_counts", "budget_spent", "restarts", "checkpoint_interval_steps",
     "checkpoint_interval_inputs",
     "observed_generation", "created_at", "admitted_at", "started_at", "finished_at",
+    "borrowed_gpus", "borrowed_from", "preempted_at",
 )
 
 
@@ -117,7 +118,7 @@ class AttemptSerializer(serializers.ModelSerializer):
     class Meta:
         model = JobAttempt
         fields = ("id", "number", "state", "nodes", "ranks", "resumed_from_step",
-                  "resumed_from_checkpoint", "preflight", "created_at", "started_at",
+                  "resumed_from_checkpoint", "preflight", "placement", "created_at", "started_at",
                   "first_step_at", "ended_at", "exit_code", "failure_class", "failure_reason",
                   "last_heartbeat_at", "last_step", "checkpoint_request_id",
                   "checkpoint_requested_at", "stop_requested_at")
@@ -128,6 +129,8 @@ class UsageSerializer(serializers.Serializer):
     gpus_used = serializers.IntegerField()
     gpus_limit = serializers.IntegerField()
     gpus_free = serializers.IntegerField()
+    gpus_borrowed = serializers.IntegerField()
+    gpus_lent = serializers.IntegerField()
     running_jobs = serializers.IntegerField()
     running_jobs_limit = serializers.IntegerField()
 

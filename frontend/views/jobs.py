@@ -74,6 +74,7 @@ def _detail_context(request, job):
         "checkpoint_counts": jobdetail.checkpoint_counts(job, len(checkpoints)),
         "loadable": jobdetail.LOADABLE,
         "events": jobdetail.events(job),
+        "preemptions": jobdetail.preemptions(job),
         "event_count": job.events.count(),
         "goodput": jobdetail.job_goodput(job),
         "interval": jobdetail.interval(job),

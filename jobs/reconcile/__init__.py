@@ -23,7 +23,7 @@ from controlplane.lib.reconcile import Result
 
 from .. import checkpoint_interval, goodput, scheduling
 from ..models import NO_HEARTBEATS, JobAttempt, Phase, RankStatus, TrainingJob
-from . import failures, finish, launch, preempt, waiting
+from . import evict, failures, finish, launch, preempt, waiting
 from .common import Ctx
 from .detect import ALL_REPORTING, Failure, detect
 
@@ -148,6 +148,11 @@ def _watch(ctx: Ctx) -> Result:
         return launch.start(ctx)
     status = ctx.provider.observe(attempt.provider_ref)
     _progress(ctx, attempt, status)
+    # Before detect: a victim's exit 83 after its checkpoint is what it was
+    # asked for, not a failure.
+    evicted = evict.check(ctx, attempt, status)
+    if evicted is not None:
+        return evicted
     if _person_asked_restart(ctx, attempt):
         return _relaunch_now(ctx, Result.after(0, "restart asked"))
     found = detect(ctx, attempt, status)

@@ -23,7 +23,7 @@ from clusters.reconcile.replacement import cordon_with_evidence, promote_spare
 from controlplane.lib import locks
 from controlplane.lib.reconcile import Result
 
-from .. import signals
+from .. import placement, signals
 from ..checkpointing import abandon_branch, job_checkpoint_uri, newest_verified
 from ..models import AttemptNode, JobAttempt, Phase, TrainingJob
 from ..scheduling import busy_node_ids
@@ -53,14 +53,15 @@ def start(ctx: Ctx) -> Result:
 
 
 def free_nodes(ctx: Ctx, prefer=()) -> list[Node]:
+    """Free working nodes of the job's pool, in the order its gang takes
+    them (jobs/placement.py)."""
     busy = busy_node_ids(ctx.cluster.id)
     nodes = [
         n for n in Node.objects.filter(pool=ctx.pool, state=Node.State.READY, is_spare=False)
         .order_by("name")
         if n.id not in busy
     ]
-    preferred = set(prefer)
-    return sorted(nodes, key=lambda n: (n.id not in preferred, n.name))
+    return placement.order(nodes, ctx.pool.topology_label, ctx.job.num_nodes, prefer)
 
 
 def _create_attempt(ctx: Ctx) -> JobAttempt | None:
@@ -78,7 +79,9 @@ def _create_attempt(ctx: Ctx) -> JobAttempt | None:
         if len(nodes) < job.num_nodes:
             return None
         number = (previous.number + 1) if previous else 1
-        attempt = JobAttempt.objects.create(job=job, number=number, created_at=ctx.now)
+        attempt = JobAttempt.objects.create(
+            job=job, number=number, created_at=ctx.now,
+            placement=placement.describe(nodes, ctx.pool.topology_label))
         AttemptNode.objects.bulk_create(
             [AttemptNode(attempt=attempt, node=node, node_rank=i) for i, node in enumerate(nodes)]
         )
@@ -276,10 +279,14 @@ def _launch(ctx: Ctx, attempt: JobAttempt) -> None:
         abandon_branch(job, branch, attempt.number, ctx.now)
     ctx.clear_condition("RestartBackoff")
     nodes = [p.node for p in placements]
+    # Recorded again at the launch: a preflight swap may have moved a rank.
+    placed = placement.describe([p.node for p in attempt.placements.select_related("node")],
+                                ctx.pool.topology_label)
+    JobAttempt.objects.filter(pk=attempt.pk).update(placement=placed)
     job.transition(
         Phase.STARTING, reason="Launched", attempt=attempt, now=ctx.now,
         message=f"attempt {attempt.number} on {', '.join(nodes)}",
-        evidence={"attempt": attempt.number, "nodes": nodes,
+        evidence={"attempt": attempt.number, "nodes": nodes, "placement": placed,
                   "resume_step": checkpoint.step if checkpoint else None},
         pending_reason="",
         started_at=job.started_at or ctx.now,

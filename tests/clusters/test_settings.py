@@ -94,3 +94,19 @@ def test_the_admin_saves_a_cluster_with_good_settings(admin_client):
                              admin_add_form("lab", {"stop_grace_s": 3}, pool_settings={}))
     assert resp.status_code == 302, resp.content.decode()[:2000]
     assert Cluster.objects.get(name="lab").config.stop_grace_s == 3.0
+
+
+def test_sharing_settings_are_typed():
+    cfg = ClusterSettings.parse({}, "local")
+    assert cfg.fair_share and cfg.preemption_checkpoint_wait_s == 120.0
+    with pytest.raises(SettingsError) as caught:
+        ClusterSettings.parse({"fair_share": "yes", "preemption_checkpoint_wait_s": -5},
+                              "local")
+    assert set(caught.value.problems) == {"fair_share", "preemption_checkpoint_wait_s"}
+
+
+def test_any_pool_may_name_a_topology_label():
+    assert parse_pool({"topology_label": "rack"}, "local") is not None
+    with pytest.raises(SettingsError) as caught:
+        parse_pool({"topology_label": ["rack"]}, "local", "gpu")
+    assert set(caught.value.problems) == {"topology_label"}

@@ -3,7 +3,8 @@
 import pytest
 
 from clusters.models import Cluster
-from jobs.models import Quota, Team
+from jobs.models import Quota, Team, TrainingJob
+from jobs.scheduling import quota_usage
 from tests.api_factories import make_job
 
 
@@ -15,7 +16,22 @@ def test_members_see_their_quota_usage(api, owner, team, other_team, cluster):
     [quota] = api(owner).get("/api/v1/quotas/").data["results"]
     assert (quota["team"], quota["cluster"], quota["gpus"]) == ("vision", "cpu-a", 4)
     assert quota["usage"] == {"gpus_used": 3, "gpus_limit": 4, "gpus_free": 1,
+                              "gpus_borrowed": 0, "gpus_lent": 0,
                               "running_jobs": 2, "running_jobs_limit": 3}
+
+
+def test_quota_usage_shows_gpus_borrowed_and_lent(api, owner, team, other_team, cluster):
+    make_job(team, cluster, owner, phase="running", num_nodes=2, gpus_per_node=2)
+    extra = make_job(team, cluster, owner, phase="running", num_nodes=1, gpus_per_node=2)
+    TrainingJob.objects.filter(pk=extra.pk).update(borrowed_gpus=2,
+                                                   borrowed_from={str(other_team.id): 2})
+    [quota] = api(owner).get("/api/v1/quotas/").data["results"]
+    assert quota["usage"]["gpus_used"] == 6 and quota["usage"]["gpus_borrowed"] == 2
+    assert quota["usage"]["gpus_free"] == 0
+    job = api(owner).get(f"/api/v1/jobs/{extra.id}/").data
+    assert (job["borrowed_gpus"], job["borrowed_from"]) == (2, {str(other_team.id): 2})
+    lender = Quota.objects.get(team=other_team)
+    assert quota_usage([lender])[lender.pk]["gpus_lent"] == 2
 
 
 def test_teams_list_the_callers_teams_with_usage(api, owner, operator, team, other_team):

@@ -54,7 +54,9 @@ def test_a_gang_waits_whole_for_healthy_nodes_and_blocks_lower_jobs_of_the_pool(
     big_team = team_with_quota(mem_cluster, name="big", gpus=16)
     small_team = team_with_quota(mem_cluster, name="small", gpus=16)
     now = timezone.now()
-    running = queued(mem_cluster, big_team, now, name="running", nodes=2)
+    # The running gang is the small team's, so fair share (the team holding
+    # least goes first) and priority agree that the gang is considered first.
+    running = queued(mem_cluster, small_team, now, name="running", nodes=2)
     admit(mem_cluster.id, now)
     Node.objects.filter(cluster=mem_cluster, is_spare=False, state="ready").exclude(
         pk__in=[]).order_by("name").first().cordon("broken")

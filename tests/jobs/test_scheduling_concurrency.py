@@ -44,3 +44,43 @@ def test_twenty_concurrent_submissions_never_overshoot_a_quota(fleet_dirs):
     waiting = TrainingJob.objects.filter(team=team, phase=Phase.QUEUED)
     assert waiting.count() == 16
     assert all("team quota has 0 free" in j.pending_reason for j in waiting)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(240)
+def test_fifty_concurrent_submissions_across_five_teams_never_overshoot_a_quota(fleet_dirs):
+    """Sharing on (fair share, one team that may borrow): the teams that may
+    not borrow stop at their quota, the borrower only takes idle quota, and
+    no GPU is promised twice."""
+    cluster = memory_cluster(size=24, spares=0)  # 48 GPUs
+    teams = [team_with_quota(cluster, name=f"team-{t}", gpus=8, max_running_jobs=20,
+                             priority_weight=t + 1, can_borrow=t == 0) for t in range(5)]
+    start = threading.Barrier(50)
+    errors = []
+
+    def submit_and_admit(i):
+        try:
+            job = submit(cluster, teams[i % 5], name=f"job-{i}", nodes=1, gpus=2)
+            job.transition(Phase.QUEUED, reason="Queued")
+            start.wait(timeout=60)
+            admit(cluster.id, timezone.now())
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=submit_and_admit, args=(i,)) for i in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=200)
+    assert errors == []
+    admitted = TrainingJob.objects.filter(cluster=cluster, phase=Phase.ADMITTED)
+    for team in teams[1:]:
+        mine = admitted.filter(team=team)
+        assert sum(j.world_size for j in mine) <= 8
+        assert all(j.borrowed_gpus == 0 for j in mine)
+    # Every other team asks for all of its quota: nothing of it is idle.
+    borrower = admitted.filter(team=teams[0])
+    assert sum(j.world_size for j in borrower) == 8
+    assert sum(j.world_size for j in admitted) <= 48
