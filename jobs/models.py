@@ -14,7 +14,7 @@ from django.utils import timezone
 from django.utils.crypto import salted_hmac
 
 from controlplane.lib.errors import IllegalTransition
-from controlplane.lib.transitions import change_state, event_time
+from controlplane.lib.transitions import change_state, change_states, event_time
 
 
 class Team(models.Model):
@@ -221,6 +221,23 @@ class TrainingJob(models.Model):
     @property
     def effective_checkpoint_every(self) -> int:
         return self.checkpoint_interval_steps or self.checkpoint_every_steps
+
+    @classmethod
+    def transition_many(cls, moves: list[tuple["TrainingJob", str, dict]], target, *,
+                        source, reason: str, fields=(), actor: str = "reconciler") -> None:
+        """`transition` for many jobs the caller's transaction holds locked
+        in `source`: (job, message, evidence) each, its `phase_changed_at`
+        and the columns in `fields` set on the job by the caller. One
+        conditional UPDATE per batch and one INSERT of the events (the
+        admission pass admits hundreds of jobs at once)."""
+        jobs = [job for job, _, _ in moves]
+        change_states(jobs, target, source=source, fields=("phase_changed_at", *fields))
+        JobEvent.objects.bulk_create([
+            JobEvent(job=job, kind=reason, message=message, actor=actor, evidence=evidence,
+                     from_phase=source, to_phase=target,
+                     created_at=event_time(job.phase_changed_at))
+            for job, message, evidence in moves
+        ], batch_size=500)
 
     def transition(self, target, *, reason: str, message: str = "", actor: str = "reconciler",
                    evidence=None, attempt=None, now=None, **fields) -> "JobEvent":

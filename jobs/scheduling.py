@@ -140,7 +140,9 @@ def admit(cluster_id: int, now) -> AdmissionReport:
         cluster = Cluster.objects.select_for_update().filter(pk=cluster_id).first()
         if cluster is None:
             return report
-        queued = list(queue_order(TrainingJob.objects.filter(
+        # Locked for the pass: the admitted ones are moved in one statement
+        # at its end, on the word of what was read here.
+        queued = list(queue_order(TrainingJob.objects.select_for_update(of=("self",)).filter(
             cluster_id=cluster_id, phase=Phase.QUEUED, cancel_requested_at__isnull=True
         )))
         if not queued:
@@ -161,6 +163,7 @@ def admit(cluster_id: int, now) -> AdmissionReport:
                 continue
             position += 1
             reasons[job.id] = f"{reason}; position {position} in queue"
+        pass_.write_admissions()
         goodput.book_queueing_many(pass_.queueing)
         _store_reasons(queued, reasons)
         report.waiting = reasons
@@ -178,6 +181,7 @@ class _Pass:
         self.free = free_nodes_by_pool(cluster.id)
         self.blocked_by: dict[int, TrainingJob] = {}
         self.queueing: list = []  # the admitted jobs' queueing spans, booked at the end
+        self.admitted: list[tuple[TrainingJob, str, dict]] = []  # written at the end
 
     def consider(self, job: TrainingJob) -> str | None:
         """None: admitted; otherwise why it waits."""
@@ -260,10 +264,36 @@ class _Pass:
         borrowed = sum(plan.values())
         lenders = ", ".join(f"team {self.names.get(t, t)}" for t in plan)
         note = f"borrowing {borrowed} idle GPUs from {lenders}" if borrowed else ""
-        self.queueing.append(_admit_one(job, pool, self.now, borrowed=borrowed, note=note,
-                                        borrowed_from={str(t): g for t, g in plan.items()}))
+        self.queueing.append(self._decide(job, pool, borrowed=borrowed, note=note,
+                                          borrowed_from={str(t): g for t, g in plan.items()}))
         self.fleet.take(job, plan)
         self.free[pool.id] -= job.num_nodes
+
+    def _decide(self, job: TrainingJob, pool: NodePool, *, borrowed: int, borrowed_from: dict,
+                note: str) -> GoodputEntry | None:
+        """The job's admission, held in memory until the pass writes them all;
+        returns its queueing span."""
+        waited_since = job.phase_changed_at
+        # The cluster pass reads its clock before it waits for the cluster's
+        # row lock; a job queued meanwhile must not be admitted before it was.
+        now = max(self.now, waited_since)
+        message = f"admitted on pool {pool.name}: {job.num_nodes} × {job.gpus_per_node} GPUs"
+        evidence = {"pool": pool.name, "gpus": job.world_size, "nodes": job.num_nodes,
+                    "borrowed_gpus": borrowed, "borrowed_from": borrowed_from}
+        job.conditions = preemption.clear_nomination(job)
+        job.phase_changed_at = job.admitted_at = now
+        job.pending_reason, job.pool, job.preempted_at = "", pool, None
+        job.borrowed_gpus, job.borrowed_from = borrowed, borrowed_from
+        self.admitted.append((job, f"{message}; {note}" if note else message, evidence))
+        return goodput.queueing_entry(job, waited_since, now)
+
+    def write_admissions(self) -> None:
+        TrainingJob.transition_many(
+            self.admitted, Phase.ADMITTED, source=Phase.QUEUED, reason="Admitted",
+            fields=("admitted_at", "pending_reason", "pool", "borrowed_gpus", "borrowed_from",
+                    "preempted_at", "conditions"))
+        for job, _, _ in self.admitted:
+            enqueue_on_commit(RECONCILE_JOB, job.id)
 
 
 def queue_position(job: TrainingJob) -> int:
@@ -289,28 +319,6 @@ def note_position(job: TrainingJob) -> None:
     reason = f"{job.pending_reason}; position {queue_position(job)} in queue"[:500]
     TrainingJob.objects.filter(pk=job.pk, phase=Phase.QUEUED).update(pending_reason=reason)
     job.pending_reason = reason
-
-
-def _admit_one(job: TrainingJob, pool: NodePool, now, *, borrowed: int = 0,
-               borrowed_from=None, note: str = "") -> GoodputEntry | None:
-    """Admit the job; returns its queueing span for the pass to book with
-    the others in one insert."""
-    waited_since = job.phase_changed_at
-    # The cluster pass reads its clock before it waits for the cluster's row
-    # lock; a job queued meanwhile must not be admitted before it was queued.
-    now = max(now, waited_since)
-    message = f"admitted on pool {pool.name}: {job.num_nodes} × {job.gpus_per_node} GPUs"
-    job.transition(
-        Phase.ADMITTED, reason="Admitted", now=now,
-        message=f"{message}; {note}" if note else message,
-        evidence={"pool": pool.name, "gpus": job.world_size, "nodes": job.num_nodes,
-                  "borrowed_gpus": borrowed, "borrowed_from": borrowed_from or {}},
-        admitted_at=now, pending_reason="", pool=pool, borrowed_gpus=borrowed,
-        borrowed_from=borrowed_from or {}, preempted_at=None,
-        conditions=preemption.clear_nomination(job),
-    )
-    enqueue_on_commit(RECONCILE_JOB, job.id)
-    return goodput.queueing_entry(job, waited_since, now)
 
 
 def _store_reasons(queued: list[TrainingJob], reasons: dict[int, str]) -> None:

@@ -63,3 +63,25 @@ def event_time(now=None):
     Tests that run passes at a simulated later time keep their times."""
     wall = timezone.now()
     return wall if now is None else max(now, wall)
+
+
+def change_states(objs, target, *, source, fields=()) -> None:
+    """Move many rows, each locked by the caller's transaction and read in
+    `source`, to `target`, with the columns in `fields` that the caller set
+    on each object: one conditional UPDATE per batch (`... WHERE state =
+    <source>`) instead of a locked read, an update and a re-read per row.
+    Raises IllegalTransition if the table forbids the move or a row was not
+    in `source` (the caller's transaction then writes nothing)."""
+    if not objs:
+        return
+    model = type(objs[0])
+    name = model.STATE_FIELD
+    if source not in model.TRANSITIONS[target]:
+        raise IllegalTransition(model.STATE_KIND, f"{len(objs)} rows", source, target)
+    for obj in objs:
+        setattr(obj, name, target)
+    moved = model.objects.filter(**{name: source}).bulk_update(
+        objs, [name, *fields], batch_size=500)
+    if moved != len(objs):
+        raise IllegalTransition(model.STATE_KIND, f"{len(objs) - moved} of {len(objs)} rows",
+                                "another state", target)
