@@ -217,3 +217,28 @@ def test_a_program_that_sends_no_heartbeats_shows_running_and_is_not_a_hang(mem_
     job.refresh_from_db()
     assert not job.heartbeats_missing
     assert not [c for c in job.conditions if c["type"] == NO_HEARTBEATS]
+
+
+def test_an_export_that_fails_is_an_event_and_the_job_still_succeeds(mem_cluster, vision,
+                                                                     settings, tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("the registry cannot be made under a file")
+    settings.ARTIFACT_ROOT = blocker / "artifacts"
+    job = program(mem_cluster, vision)
+    now = timezone.now()
+    launch(job, now)
+    attempt = job.attempts.get()
+    heartbeat(attempt, 30, later(now, 2))
+    write_checkpoint(job, 30, attempt, created_at=later(now, 3))
+    provider_of(mem_cluster).finish(attempt.provider_ref)
+
+    reconcile_job(job.id, later(now, 5))
+    reconcile_job(job.id, later(now, 120))  # long after: no hang, no rerun
+
+    job.refresh_from_db()
+    assert job.phase == Phase.SUCCEEDED, kinds(job)
+    failed = JobEvent.objects.get(job=job, kind="ExportFailed")
+    assert failed.evidence["step"] == 30 and failed.evidence["error"]
+    assert "not exported" in failed.message
+    assert not ModelArtifact.objects.filter(job=job).exists()
+    assert job.attempts.count() == 1 and job.restart_counts == {}
