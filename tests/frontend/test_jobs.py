@@ -259,3 +259,19 @@ def test_the_throughput_line_breaks_where_an_attempt_resumed(web, owner, team, c
     assert throughput["y"][gap] is None
     assert throughput["x"][gap - 1] <= 200 < 201 <= throughput["x"][gap + 1]
     assert throughput["y"].count(None) == 1
+
+
+def test_the_attempts_table_shows_where_each_gang_landed(web, teammate, team, cluster):
+    job = rich_job(team, cluster)
+    first, second = job.attempts.get(number=1), job.attempts.get(number=2)
+    JobAttempt.objects.filter(pk=first.pk).update(placement={
+        "label": "topology.kubernetes.io/zone", "values": 2,
+        "nodes_per_value": {"rack-a": 1, "rack-b": 1}})
+    JobAttempt.objects.filter(pk=second.pk).update(placement={
+        "label": "topology.kubernetes.io/zone", "values": 1, "nodes_per_value": {"rack-a": 2}})
+
+    html = web(teammate).get(f"/jobs/{job.pk}/").content.decode()
+
+    assert "<th>Placement</th>" in html
+    assert ">packed</span>" in html and ">spread over 2</span>" in html
+    assert "rack-a ×1, rack-b ×1" in html
