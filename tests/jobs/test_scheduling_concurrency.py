@@ -84,3 +84,49 @@ def test_fifty_concurrent_submissions_across_five_teams_never_overshoot_a_quota(
     borrower = admitted.filter(team=teams[0])
     assert sum(j.world_size for j in borrower) == 8
     assert sum(j.world_size for j in admitted) <= 48
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(120)
+def test_concurrent_launches_never_place_a_node_twice(fleet_dirs):
+    """Twelve admitted gangs of 2 nodes launched at once onto 16 free nodes
+    (admitted past capacity on purpose, as a race between passes could):
+    eight launch, four wait, and no node is in two live attempts."""
+    from django.db.models import Count
+
+    from jobs.models import AttemptNode, JobAttempt
+    from jobs.reconcile import reconcile_job
+
+    cluster = memory_cluster(size=16, spares=0, preflight=False)
+    team = team_with_quota(cluster, gpus=1000, max_running_jobs=100)
+    jobs = []
+    for i in range(12):
+        job = submit(cluster, team, name=f"gang-{i}", nodes=2, gpus=2)
+        job.transition(Phase.QUEUED, reason="Queued")
+        job.transition(Phase.ADMITTED, reason="Admitted", pool=cluster.pools.get())
+        jobs.append(job)
+    start = threading.Barrier(len(jobs))
+    errors = []
+
+    def launch(job):
+        try:
+            start.wait(timeout=30)
+            reconcile_job(job.id, timezone.now())
+        except Exception as exc:  # surfaced below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=launch, args=(job,)) for job in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=90)
+
+    assert errors == []
+    live = AttemptNode.objects.exclude(attempt__state__in=JobAttempt.ENDED)
+    assert live.count() == 16
+    doubled = live.values("node_id").annotate(n=Count("id")).filter(n__gt=1)
+    assert list(doubled) == []
+    assert TrainingJob.objects.filter(phase=Phase.STARTING).count() == 8
+    assert TrainingJob.objects.filter(phase=Phase.QUEUED).count() == 4
