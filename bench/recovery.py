@@ -175,7 +175,10 @@ def start_control_plane(workdir: Path, max_hardware_restarts: int, trainer: dict
                          stdout=open(workdir / "web.log", "ab"), stderr=subprocess.STDOUT,
                          start_new_session=True),
         subprocess.Popen([sys.executable, "-m", "celery", "-A", "controlplane", "worker",
-                          "--pool=threads", "--concurrency=4", "--loglevel=WARNING"],
+                          # The prefork pool, as `make run` starts it: celery 5.6's
+                          # thread pool leaves a backlog draining a few tasks per 10 s.
+                          "--pool=prefork", "--concurrency=2", "--without-gossip",
+                          "--loglevel=WARNING"],
                          cwd=ROOT, env=env, stdout=open(workdir / "worker.log", "ab"),
                          stderr=subprocess.STDOUT, start_new_session=True),
     ]
