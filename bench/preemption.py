@@ -95,7 +95,8 @@ def main() -> None:
                   f"(victim checkpoint at step {evidence.get('checkpoint_step')}, left after "
                   f"{evidence.get('waited_s', float('nan')):.2f} s, "
                   f"{evidence.get('steps_lost')} steps lost), {c:.2f} s cold", flush=True)
-            low = submit(low, f"low-{number + 1}", 0)
+            if number < args.rounds:  # the next round's gang; the last round leaves none
+                low = submit(low, f"low-{number + 1}", 0)
     finally:
         stop()
     mp, mc = statistics.median(preempt), statistics.median(cold)
