@@ -41,11 +41,14 @@ test: export REGATTA_STATE_DIR ?= $(CURDIR)/.regatta/test
 test: install
 	$(PY) -m pytest --durations=25 $(PYTEST_ARGS)
 
-# The inner loop: no torchrun ranks, no browser, no end-to-end fleet (the
-# tests marked slow); the whole suite is `make test`.
+# The inner loop: the tests not marked slow (no torchrun ranks, browser,
+# end-to-end fleet, fuzzing or other processes started), on one pytest-xdist
+# worker per core, each with its own state folder, Redis and test database
+# (tests/support/xdist_workers.py); the whole suite is `make test`.
+FAST_WORKERS ?= auto
 test-fast: export REGATTA_STATE_DIR ?= $(CURDIR)/.regatta/test
 test-fast: install
-	$(PY) -m pytest -m "not slow" --durations=10 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow" -n $(FAST_WORKERS) --dist loadfile --durations=10 $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -9,7 +9,7 @@ from jobs.models import JobAttempt, JobEvent, Phase, TrainingJob
 from tests.api_factories import make_attempt, make_job
 
 LEGAL = [(source, target) for target, sources in TrainingJob.TRANSITIONS.items()
-         for source in sources]
+         for source in sorted(sources)]
 ILLEGAL = [(source, target) for target, sources in TrainingJob.TRANSITIONS.items()
            for source in Phase.values if source not in sources and source != target]
 
