@@ -10,12 +10,14 @@ import base64
 import secrets
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
 from jobs.models import JobEvent, Team
 
-from .events import EventType
+from . import targets
+from .events import SUBSCRIBABLE, EventType
 
 SECRET_PREFIX = "whsec_"
 
@@ -31,7 +33,9 @@ class Webhook(models.Model):
         SLACK = "slack", "Slack-compatible text ({\"text\": …})"
 
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="webhooks")
-    url = models.URLField(max_length=2000)
+    # http(s) only, checked by notifications/targets.py (a URLField would
+    # take ftp:// too).
+    url = models.CharField(max_length=2000)
     description = models.CharField(max_length=200, blank=True)
     # The event types (notifications/events.py) this webhook is sent.
     events = models.JSONField(default=list)
@@ -55,6 +59,19 @@ class Webhook(models.Model):
     def secret_hint(self) -> str:
         """Enough of the secret to tell two apart, never enough to sign."""
         return self.secret[:len(SECRET_PREFIX) + 4] + "…"
+
+    def clean(self):
+        # The admin's form (the API validates the same in validators.py).
+        errors = {}
+        try:
+            targets.check_syntax(self.url)
+        except targets.UnsafeTarget as exc:
+            errors["url"] = str(exc)
+        events = self.events if isinstance(self.events, list) else [None]
+        if not all(isinstance(e, str) and e in SUBSCRIBABLE for e in events):
+            errors["events"] = f"A list of: {', '.join(SUBSCRIBABLE)}."
+        if errors:
+            raise ValidationError(errors)
 
     def wants(self, event_type: str) -> bool:
         return self.active and event_type in (self.events or [])
