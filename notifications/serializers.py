@@ -8,7 +8,8 @@ from .models import Delivery, Webhook
 
 class WebhookSerializer(serializers.ModelSerializer):
     team = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True,
+                                              allow_null=True)
 
     class Meta:
         model = Webhook
