@@ -252,6 +252,8 @@ WEBHOOK_TIMEOUT_S = env_float("REGATTA_WEBHOOK_TIMEOUT_S", 10.0, minimum=0.5)
 # span about a day.
 WEBHOOK_MAX_ATTEMPTS = env_int("REGATTA_WEBHOOK_MAX_ATTEMPTS", 8, minimum=1)
 WEBHOOK_RETRY_BASE_S = env_float("REGATTA_WEBHOOK_RETRY_BASE_S", 30.0, minimum=0.1)
+# Finished deliveries older than this leave the log (notifications/retention.py).
+WEBHOOK_LOG_DAYS = env_int("REGATTA_WEBHOOK_LOG_DAYS", 30, minimum=1)
 
 # --- i18n, static ---------------------------------------------------------
 LANGUAGE_CODE = "en-us"
@@ -305,6 +307,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "notifications.tasks.sweep_deliveries",
         "schedule": SWEEP_INTERVAL_S,
         "options": {"expires": SWEEP_INTERVAL_S},
+    },
+    "prune-webhook-deliveries": {
+        "task": "notifications.tasks.prune_deliveries",
+        "schedule": 3600.0,
+        "options": {"expires": 3600.0},
     },
     "sweep-checkpoint-retention": {
         "task": "jobs.tasks.sweep_retention",

@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from controlplane.lib import locks
 
-from . import delivery
+from . import delivery, retention
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
@@ -24,3 +24,8 @@ def sweep_deliveries() -> None:
         # worker busy elsewhere does not find the same id queued many times.
         if locks.once_within(f"webhook-delivery:{delivery_id}", settings.SWEEP_INTERVAL_S):
             deliver_webhook.delay(delivery_id)
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def prune_deliveries() -> None:
+    retention.prune(timezone.now())
