@@ -66,6 +66,19 @@ def ping(state: State, webhook_id: int):
                f"`regatta webhooks deliveries {webhook_id}` shows how it went.")
 
 
+@webhooks.command(name="rotate-secret")
+@click.argument("webhook_id", type=int)
+@json_flag
+def rotate_secret(state: State, webhook_id: int):
+    """A new signing secret, printed once; the old one signs beside it for 24 h."""
+    webhook = state.client.post(f"webhooks/{webhook_id}/rotate-secret/")
+    if state.as_json:
+        output.emit_json(webhook)
+        return
+    click.echo(f"New signing secret (shown only now): {webhook['secret']}")
+    click.echo("The old secret keeps signing beside it for 24 hours.")
+
+
 @webhooks.command()
 @click.argument("webhook_id", type=int)
 @json_flag

@@ -169,7 +169,8 @@ def _post(webhook: Webhook, delivery: Delivery, now: datetime) -> Outcome:
     headers = {
         "Content-Type": "application/json", "User-Agent": USER_AGENT,
         "X-Regatta-Event": delivery.event_type,
-        **signing.headers(webhook.secret, delivery.message_id, int(now.timestamp()), body),
+        **signing.headers(webhook.signing_secrets(now), delivery.message_id,
+                          int(now.timestamp()), body),
     }
     timeout = settings.WEBHOOK_TIMEOUT_S
     started = time.monotonic()

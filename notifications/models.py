@@ -8,6 +8,7 @@ that, by the beat sweep (notifications/delivery.py).
 
 import base64
 import secrets
+from datetime import timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -20,6 +21,7 @@ from . import targets
 from .events import SUBSCRIBABLE, EventType
 
 SECRET_PREFIX = "whsec_"
+ROTATION_OVERLAP = timedelta(hours=24)
 
 
 def new_secret() -> str:
@@ -44,6 +46,10 @@ class Webhook(models.Model):
     # Kept as is, not hashed: every delivery is signed with it. Shown to
     # people once, when the webhook is created.
     secret = models.CharField(max_length=100, default=new_secret, editable=False)
+    # After a rotation, the old secret signs too until `previous_secret_until`,
+    # so receivers can switch without dropping a delivery.
+    previous_secret = models.CharField(max_length=100, blank=True, editable=False)
+    previous_secret_until = models.DateTimeField(null=True, blank=True, editable=False)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
                                    on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(default=timezone.now)
@@ -72,6 +78,22 @@ class Webhook(models.Model):
             errors["events"] = f"A list of: {', '.join(SUBSCRIBABLE)}."
         if errors:
             raise ValidationError(errors)
+
+    def rotate_secret(self, now) -> str:
+        """A new secret, shown once; the old one keeps signing for
+        ROTATION_OVERLAP beside it (Standard Webhooks sends both)."""
+        fresh = new_secret()
+        Webhook.objects.filter(pk=self.pk).update(
+            secret=fresh, previous_secret=self.secret,
+            previous_secret_until=now + ROTATION_OVERLAP)
+        self.refresh_from_db()
+        return fresh
+
+    def signing_secrets(self, now) -> list[str]:
+        if self.previous_secret and self.previous_secret_until and \
+                now < self.previous_secret_until:
+            return [self.secret, self.previous_secret]
+        return [self.secret]
 
     def wants(self, event_type: str) -> bool:
         return self.active and event_type in (self.events or [])

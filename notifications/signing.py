@@ -29,11 +29,13 @@ def signature(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
     return "v1," + base64.b64encode(digest).decode()
 
 
-def headers(secret: str, msg_id: str, timestamp: int, body: bytes) -> dict[str, str]:
+def headers(secrets: list[str], msg_id: str, timestamp: int, body: bytes) -> dict[str, str]:
+    """One signature per secret, space-separated: during a rotation the
+    receiver may hold either the old secret or the new one."""
     return {
         "webhook-id": msg_id,
         "webhook-timestamp": str(timestamp),
-        "webhook-signature": signature(secret, msg_id, timestamp, body),
+        "webhook-signature": " ".join(signature(s, msg_id, timestamp, body) for s in secrets),
     }
 
 

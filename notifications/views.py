@@ -75,6 +75,18 @@ class WebhookDetailView(WebhookScopedMixin, generics.RetrieveAPIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
+class WebhookRotateSecretView(WebhookScopedMixin, generics.GenericAPIView):
+    serializer_class = NewWebhookSerializer
+
+    @extend_schema(request=None, responses={200: NewWebhookSerializer})
+    def post(self, request, pk):
+        """A new signing secret, shown once; the old one signs beside it for
+        24 hours, so the receiver can switch without dropping a delivery."""
+        webhook = self.get_webhook()
+        webhook.rotate_secret(timezone.now())
+        return Response(NewWebhookSerializer(webhook).data)
+
+
 class WebhookDeliveriesView(WebhookScopedMixin, generics.ListAPIView):
     """The webhook's delivery log, newest first."""
 

@@ -128,6 +128,7 @@ ENDPOINTS = [
     ("delete", "/api/v1/webhooks/{w.webhook.pk}/", None, member_only(204)),
     ("get", "/api/v1/webhooks/{w.webhook.pk}/deliveries/", None, member_only(200)),
     ("post", "/api/v1/webhooks/{w.webhook.pk}/ping/", None, member_only(202)),
+    ("post", "/api/v1/webhooks/{w.webhook.pk}/rotate-secret/", None, member_only(200)),
     ("post", "/api/v1/deliveries/{w.delivery.pk}/retry/", None, member_only(202)),
     ("post", "/api/v1/worker/attempts/{w.attempt.pk}/heartbeat", BEAT, worker_only(200)),
     ("post", "/api/v1/worker/attempts/{w.attempt.pk}/metrics", POINTS, worker_only(200)),

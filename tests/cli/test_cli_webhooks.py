@@ -18,6 +18,10 @@ def test_a_member_adds_lists_pings_and_deletes_a_webhook(logged_in, owner, team)
     assert [w["id"] for w in json.loads(listed.output)] == [webhook.pk]
     assert webhook.secret not in listed.output
 
+    rotated = regatta("webhooks", "rotate-secret", webhook.pk)
+    webhook.refresh_from_db()
+    assert f"New signing secret (shown only now): {webhook.secret}" in rotated.output
+
     pinged = regatta("webhooks", "ping", webhook.pk)
     assert pinged.exit_code == 0 and "Ping queued" in pinged.output
     log = regatta("webhooks", "deliveries", webhook.pk)

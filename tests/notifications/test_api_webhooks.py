@@ -87,10 +87,11 @@ def test_another_team_s_webhook_is_not_found(api, owner, outsider):
     client = api(outsider)
     assert client.get(URL).data["results"] == []
     for method, path in [("get", ""), ("patch", ""), ("delete", ""), ("get", "deliveries/"),
-                         ("post", "ping/")]:
+                         ("post", "ping/"), ("post", "rotate-secret/")]:
         resp = getattr(client, method)(f"{URL}{webhook.pk}/{path}", {}, format="json")
         assert resp.status_code == 404, (method, path)
     assert Webhook.objects.get().active and not Delivery.objects.exists()
+    assert Webhook.objects.get().secret == webhook.secret
 
 
 def test_a_ping_is_queued_and_shows_in_the_delivery_log(api, owner):
@@ -121,3 +122,14 @@ def test_a_member_retries_a_delivery_and_a_delivered_one_is_a_conflict(api, owne
     assert resp.data["next_attempt_at"] is not None
     Delivery.objects.filter(pk=row.pk).update(status="succeeded")
     assert api(owner).post(f"/api/v1/deliveries/{row.pk}/retry/").status_code == 409
+
+
+def test_a_member_rotates_the_secret_and_sees_the_new_one_once(api, owner, teammate):
+    webhook = Webhook.objects.create(team=owner.teams.get(), url=GOOD["url"])
+    old = webhook.secret
+    resp = api(teammate).post(f"{URL}{webhook.pk}/rotate-secret/")
+    assert resp.status_code == 200
+    webhook.refresh_from_db()
+    assert resp.data["secret"] == webhook.secret != old
+    assert webhook.previous_secret == old and webhook.previous_secret_until > timezone.now()
+    assert "secret" not in api(owner).get(f"{URL}{webhook.pk}/").data

@@ -178,3 +178,20 @@ def test_a_slack_webhook_is_sent_text(team, receiver, loopback_allowed):
     [got] = receiver.received
     assert json.loads(got.body) == {"text": "[vision] Regatta test ping: this webhook works."}
     assert signing.verify(hook.secret, got.headers, got.body, now=now.timestamp())
+
+
+def test_after_a_rotation_both_secrets_sign_for_a_day_then_only_the_new_one(webhook, receiver):
+    old = webhook.secret
+    now = timezone.now()
+    new = webhook.rotate_secret(now)
+    assert new != old and new.startswith("whsec_")
+    delivery.deliver(delivery.ping(webhook, now).pk, now)
+    day_later = now + timedelta(hours=24, seconds=1)
+    delivery.deliver(delivery.ping(webhook, day_later).pk, day_later)
+    during, after = receiver.received
+    assert len(during.headers["webhook-signature"].split()) == 2
+    for secret in (old, new):  # a receiver holding either secret accepts it
+        assert signing.verify(secret, during.headers, during.body, now=now.timestamp())
+        assert standardwebhooks.Webhook(secret).verify(during.body, during.headers)
+    assert signing.verify(new, after.headers, after.body, now=day_later.timestamp())
+    assert not signing.verify(old, after.headers, after.body, now=day_later.timestamp())
