@@ -10,7 +10,8 @@ from django.utils import timezone
 
 from jobs.models import JobEvent, Phase
 from jobs.reconcile import reconcile_job
-from notifications.events import SUBSCRIBABLE, EventType, types_for
+from jobs.scheduling import admit
+from notifications.events import SUBSCRIBABLE, types_for
 from notifications.models import Delivery, Webhook
 from tests.fleet_helpers import (
     heartbeat,
@@ -157,12 +158,29 @@ def test_ranks_stopped_by_a_spot_notice_or_drain_are_sent_as_preempted(mem_clust
                            " was preempted: preempted:")
 
 
-def test_an_eviction_for_another_gang_is_preempted_and_admission_is_nothing():
-    evicted = JobEvent(kind="Preempted", from_phase="running", to_phase="queued")
+def test_a_gang_evicted_for_a_job_of_higher_priority_is_sent_as_preempted_once(db):
+    cluster = memory_cluster(name="mem-b", size=4, spares=0, preemption_checkpoint_wait_s=5.0)
+    team = team_with_quota(cluster, name="vision", gpus=8)
+    preempted = hook(team, events=["job.preempted", "job.failed", "job.succeeded"])
+    now = timezone.now()
+    low, _ = running_job(cluster, team, now, name="low", nodes=4)
+    high = submit(cluster, team, name="high", nodes=2, priority=5)
+    high.transition(Phase.QUEUED, reason="Queued", now=later(now, 5))
+    admit(cluster.id, later(now, 6))  # asks the victim to checkpoint: nothing to tell
+    reconcile_job(low.id, later(now, 9))
+    assert sent(preempted) == []
+    reconcile_job(low.id, later(now, 12))  # no checkpoint in time: stopped, requeued
+    low.refresh_from_db()
+    assert low.phase == Phase.QUEUED
+    assert sent(preempted) == ["job.preempted"]
+    event = Delivery.objects.get(webhook=preempted).payload["data"]["event"]
+    assert event["kind"] == "Preempted" and event["evidence"]["by"] == high.pk
+
+
+def test_admission_and_a_hardware_restart_are_not_preempted():
     admitted = JobEvent(kind="Admitted", from_phase="queued", to_phase="admitted")
     restarting = JobEvent(kind="Restarting", from_phase="running", to_phase="restarting",
                           evidence={"class": "hardware"})
-    assert types_for(evicted) == [EventType.JOB_PREEMPTED]
     assert types_for(admitted) == types_for(restarting) == []
 
 
