@@ -7,7 +7,6 @@ for a cancelled one.
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 from datetime import UTC, datetime
@@ -18,44 +17,10 @@ import click
 import yaml
 
 from . import output
-from .client import ApiError, Client, CliError, Config, config_path, load_config, save_config
+from .base import State, json_flag
+from .client import Client, CliError, Config, save_config
 from .watch import TERMINAL, watch_job
-
-EXIT_ERROR = 1
-
-
-class State:
-    def __init__(self, config: str | None, as_json: bool):
-        self.config_file = config_path(config)
-        self.as_json = as_json
-        self._client = None
-
-    @property
-    def client(self) -> Client:
-        if self._client is None:
-            self._client = Client(load_config(self.config_file))
-        return self._client
-
-
-def json_flag(fn):
-    """`--json` on each command as well as before it: both spellings work."""
-
-    @click.option("--json", "as_json", is_flag=True, default=False,
-                  help="Print JSON for scripts instead of a table.")
-    @click.pass_obj
-    @functools.wraps(fn)
-    def wrapper(state: State, *args, as_json: bool, **kwargs):
-        state.as_json = state.as_json or as_json
-        try:
-            return fn(state, *args, **kwargs)
-        except ApiError as exc:
-            output.api_error(exc, state.as_json)
-            sys.exit(EXIT_ERROR)
-        except CliError as exc:
-            click.secho(f"Error: {exc}", fg="red", err=True)
-            sys.exit(EXIT_ERROR)
-
-    return wrapper
+from .webhooks import webhooks
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -472,6 +437,9 @@ def download(state: State, artifact_id: int, out: Path | None, only: str | None)
         return
     click.echo(f"Downloaded artifact {artifact_id} {artifact['name']} v{artifact['version']} "
                f"({len(done)} file(s), {output.size(sum(d['bytes'] for d in done))}) to {out}")
+
+
+cli.add_command(webhooks)
 
 
 def main(argv=None):

@@ -4,4 +4,5 @@ urlpatterns = [
     path("", include("accounts.urls")),
     path("", include("clusters.urls")),
     path("", include("jobs.urls")),
+    path("", include("notifications.urls")),
 ]

@@ -4,6 +4,7 @@ Every setting comes from the environment through these helpers; a bad value
 stops the process at start with a message that names the variable.
 """
 
+import ipaddress
 import os
 import posixpath
 import re
@@ -159,3 +160,17 @@ def env_storage_roots(name: str) -> list[str]:
         except ValueError as exc:
             raise ImproperlyConfiguredEnv(f"{name}: each root {exc}") from None
     return roots
+
+
+def env_networks(name: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """Comma-separated networks in CIDR form (a bare address is its own /32
+    or /128); empty if unset."""
+    networks = []
+    for item in env_list(name, []):
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise ImproperlyConfiguredEnv(
+                f"{name}: each item must be a network such as 10.0.0.0/8 or ::1, got {item!r}"
+            ) from None
+    return networks

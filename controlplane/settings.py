@@ -18,6 +18,7 @@ from .env import (
     env_host_port,
     env_int,
     env_list,
+    env_networks,
     env_path,
     env_storage_roots,
     env_str,
@@ -71,6 +72,7 @@ INSTALLED_APPS = [
     "clusters",
     "jobs",
     "checkpoints",
+    "notifications",
     "frontend",
 ]
 
@@ -237,6 +239,22 @@ METRICS_ALLOW = env_list("REGATTA_METRICS_ALLOW", ["127.0.0.1", "::1"])
 # A reconcile lock outlives a killed worker by at most this long.
 RECONCILE_LOCK_TTL_S = env_float("REGATTA_LOCK_TTL_S", 120.0, minimum=1.0)
 
+# --- notifications (docs/notifications.md) ---------------------------------
+# Webhooks may only point at public addresses: a team's URL must not reach
+# the control plane's own network (cloud metadata, databases, the admin).
+# Networks listed here are let through anyway, e.g. 127.0.0.0/8 for a
+# receiver on this machine, 10.1.0.0/16 for a chat gateway inside the VPC.
+WEBHOOK_ALLOWED_NETWORKS = env_networks("REGATTA_WEBHOOK_ALLOWED_NETWORKS")
+# Each try waits this long for the receiver (connect, then read).
+WEBHOOK_TIMEOUT_S = env_float("REGATTA_WEBHOOK_TIMEOUT_S", 10.0, minimum=0.5)
+# Tries per delivery, and the wait after the first failed one; each later
+# wait is four times the one before (capped at 12 h), with jitter: 8 tries
+# span about a day.
+WEBHOOK_MAX_ATTEMPTS = env_int("REGATTA_WEBHOOK_MAX_ATTEMPTS", 8, minimum=1)
+WEBHOOK_RETRY_BASE_S = env_float("REGATTA_WEBHOOK_RETRY_BASE_S", 30.0, minimum=0.1)
+# Finished deliveries older than this leave the log (notifications/retention.py).
+WEBHOOK_LOG_DAYS = env_int("REGATTA_WEBHOOK_LOG_DAYS", 30, minimum=1)
+
 # --- i18n, static ---------------------------------------------------------
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -284,6 +302,16 @@ CELERY_BEAT_SCHEDULE = {
         "task": "jobs.tasks.sweep_admission",
         "schedule": SWEEP_INTERVAL_S,
         "options": {"expires": SWEEP_INTERVAL_S},
+    },
+    "sweep-webhook-deliveries": {
+        "task": "notifications.tasks.sweep_deliveries",
+        "schedule": SWEEP_INTERVAL_S,
+        "options": {"expires": SWEEP_INTERVAL_S},
+    },
+    "prune-webhook-deliveries": {
+        "task": "notifications.tasks.prune_deliveries",
+        "schedule": 3600.0,
+        "options": {"expires": 3600.0},
     },
     "sweep-checkpoint-retention": {
         "task": "jobs.tasks.sweep_retention",

@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 from accounts.models import ApiToken
 from clusters.models import Node
 from jobs.models import Quota
+from notifications.models import Webhook
 from tests.api_factories import make_attempt, make_checkpoint, make_job, worker_client
 from tests.conftest import client_for
 
@@ -58,6 +59,8 @@ class World:
     artifact: object
     owner_token: object
     stored_checkpoint: object
+    webhook: object = None
+    delivery: object = None
     artifact_file: str = "model.pt"
     checkpoint_file: str = "export/model.pt"
 
@@ -65,6 +68,7 @@ class World:
 BEAT = {"rank": 0, "node": "cpu-a-0", "step": 5}
 SPEC = {"name": "m", "team": "vision", "cluster": "cpu-a", "num_nodes": 1, "gpus_per_node": 1}
 POINTS = {"points": [{"rank": 0, "name": "loss", "step": 1, "value": 1.0}]}
+HOOK = {"team": "vision", "url": "https://hooks.example.com/x", "events": ["job.failed"]}
 CKPT = {"step": 300, "uri": "/tmp/ckpt/step-300", "bytes": 1}
 
 ENDPOINTS = [
@@ -117,6 +121,15 @@ ENDPOINTS = [
     ("get", "/api/v1/checkpoints/{w.stored_checkpoint.pk}/files/", None, member_only(200)),
     ("get", "/api/v1/checkpoints/{w.stored_checkpoint.pk}/files/{w.checkpoint_file}", None,
      member_only(200)),
+    ("get", "/api/v1/webhooks/", None, codes(200)),
+    ("post", "/api/v1/webhooks/", HOOK, codes(201, outsider=400)),
+    ("get", "/api/v1/webhooks/{w.webhook.pk}/", None, member_only(200)),
+    ("patch", "/api/v1/webhooks/{w.webhook.pk}/", {"description": "d"}, member_only(200)),
+    ("delete", "/api/v1/webhooks/{w.webhook.pk}/", None, member_only(204)),
+    ("get", "/api/v1/webhooks/{w.webhook.pk}/deliveries/", None, member_only(200)),
+    ("post", "/api/v1/webhooks/{w.webhook.pk}/ping/", None, member_only(202)),
+    ("post", "/api/v1/webhooks/{w.webhook.pk}/rotate-secret/", None, member_only(200)),
+    ("post", "/api/v1/deliveries/{w.delivery.pk}/retry/", None, member_only(202)),
     ("post", "/api/v1/worker/attempts/{w.attempt.pk}/heartbeat", BEAT, worker_only(200)),
     ("post", "/api/v1/worker/attempts/{w.attempt.pk}/metrics", POINTS, worker_only(200)),
     ("post", "/api/v1/worker/attempts/{w.attempt.pk}/checkpoints", CKPT, worker_only(201)),
@@ -144,12 +157,15 @@ def world(team, other_team, cluster, owner, teammate, outsider, operator, fleet_
     # and the model exported from it.
     done = make_job(team, cluster, owner, phase="succeeded", name="done")
     final = write_checkpoint(done, 40)
+    webhook = Webhook.objects.create(team=team, url="https://hooks.example.com/x")
+    given_up = webhook.deliveries.create(event_type="webhook.ping", payload={},
+                                         status="failed", attempts=8)
     return World(
         job=job, attempt=attempt, worker_token=token, other_worker_token=other_token,
         quota=Quota.objects.get(team=team), node=Node.objects.get(name="cpu-a-0"),
         checkpoint=make_checkpoint(job, 100),
         artifact=export_final(done, final, open_job_storage(done), timezone.now()),
-        owner_token=owner_token, stored_checkpoint=final,
+        owner_token=owner_token, stored_checkpoint=final, webhook=webhook, delivery=given_up,
     )
 
 

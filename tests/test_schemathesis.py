@@ -25,6 +25,7 @@ from accounts.models import ApiToken
 from checkpoints.models import Checkpoint, ModelArtifact
 from clusters.models import Node, NodeHealthEvent
 from jobs.models import JobAttempt, JobEvent, MetricPoint, Quota
+from notifications.models import Webhook
 from tests.api_factories import make_attempt, make_job
 
 EXAMPLES = {GenerationMode.POSITIVE: 3, GenerationMode.NEGATIVE: 3}
@@ -35,7 +36,8 @@ CHECKS = [not_a_server_error, response_schema_conformance]
 # Besides every GET, operations whose path ids may be pinned to real rows:
 # the job actions, and a token delete pinned to a spare token.
 PINNABLE = ("POST /api/v1/jobs/{id}/cancel/", "POST /api/v1/jobs/{id}/checkpoint/",
-            "POST /api/v1/jobs/{id}/restart/", "DELETE /api/v1/tokens/{id}/")
+            "POST /api/v1/jobs/{id}/restart/", "DELETE /api/v1/tokens/{id}/",
+            "POST /api/v1/webhooks/{id}/ping/")
 
 
 @pytest.fixture
@@ -57,9 +59,12 @@ def world(transactional_db, team, cluster, owner, operator, settings, tmp_path):
     node = Node.objects.filter(cluster=cluster).first()
     NodeHealthEvent.objects.create(node=node, kind=NodeHealthEvent.Kind.XID,
                                    severity=NodeHealthEvent.Severity.CRITICAL, message="xid 79")
+    webhook = Webhook.objects.create(team=team, url="https://hooks.example.com/x",
+                                     events=["job.failed"])
     ids = {"jobs": job.pk, "nodes": node.pk, "pools": node.pool_id, "clusters": cluster.pk,
            "quotas": Quota.objects.filter(team=team).first().pk, "checkpoints": checkpoint.pk,
-           "artifacts": artifact.pk, "name": team.name, "attempt_id": attempt.pk}
+           "artifacts": artifact.pk, "name": team.name, "attempt_id": attempt.pk,
+           "webhooks": webhook.pk}
     assert JobEvent.objects.exists()
     personas = {"worker": (f"Bearer {worker_token}", ids)}
     for name, user in (("member", owner), ("operator", operator)):

@@ -11,7 +11,8 @@ from django.conf import settings
 from controlplane.celery import app
 from controlplane.lib.tasks import enqueue_on_commit
 
-OUR_APPS = ("jobs.", "clusters.", "checkpoints.", "accounts.", "controlplane.")
+OUR_APPS = ("jobs.", "clusters.", "checkpoints.", "accounts.", "controlplane.",
+            "notifications.")
 
 
 def _our_tasks():
