@@ -28,12 +28,20 @@ from django.db import transaction
 from django.db.models import Count, F, Q, Sum
 
 from clusters.models import Cluster, Node, NodePool
-from controlplane.lib.tasks import ADMIT_CLUSTER, RECONCILE_JOB, enqueue_on_commit
+from controlplane.lib.tasks import (
+    ADMIT_CLUSTER,
+    RECONCILE_JOB,
+    RECONCILE_JOBS,
+    enqueue_on_commit,
+)
 
 from . import goodput, preemption, sharing
 from .models import AttemptNode, GoodputEntry, JobAttempt, Phase, Quota, Team, TrainingJob
 
 log = logging.getLogger(__name__)
+
+# Admitted jobs woken per message (see _Pass.write_admissions).
+WAKE_BATCH = 100
 
 
 @dataclass
@@ -292,8 +300,13 @@ class _Pass:
             self.admitted, Phase.ADMITTED, source=Phase.QUEUED, reason="Admitted",
             fields=("admitted_at", "pending_reason", "pool", "borrowed_gpus", "borrowed_from",
                     "preempted_at", "conditions"))
-        for job, _, _ in self.admitted:
-            enqueue_on_commit(RECONCILE_JOB, job.id)
+        # One message per hundred jobs, fanned out by a worker: a send is a
+        # broker round trip, and hundreds of them would cost the pass more
+        # than its own writes.
+        ids = [job.id for job, _, _ in self.admitted]
+        for start in range(0, len(ids), WAKE_BATCH):
+            batch = ids[start:start + WAKE_BATCH]
+            enqueue_on_commit(RECONCILE_JOB if len(batch) == 1 else RECONCILE_JOBS, *batch)
 
 
 def queue_position(job: TrainingJob) -> int:

@@ -19,6 +19,15 @@ def reconcile_job(job_id: int) -> None:
 
 
 @shared_task(acks_late=True, ignore_result=True)
+def reconcile_jobs(*job_ids: int) -> None:
+    """The fan-out of a pass that woke many jobs at once: the admission pass
+    sends one message per hundred jobs it admitted and moves on; the reconcile
+    tasks, one per job, are sent from here."""
+    for job_id in job_ids:
+        reconcile_job.delay(job_id)
+
+
+@shared_task(acks_late=True, ignore_result=True)
 def sweep_jobs() -> None:
     for job_id in reconcile.due_job_ids(timezone.now()):
         reconcile_job.delay(job_id)

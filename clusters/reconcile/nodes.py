@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db.models import F
 
 from clusters.models import Node, NodeEvent
+from controlplane.lib.bulk import insert_rows
 from controlplane.lib.transitions import event_time
 
 from .replacement import promote_spare
@@ -36,7 +37,8 @@ READY = "provider reports it ready"
 
 def _found(pool, new: list, working: int, now) -> None:
     """Record the nodes the provider lists that have no row yet, in a few
-    statements (a new 10,000-node pool is one pass, not 40,000 round trips),
+    statements (a new 10,000-node pool is one pass, not 40,000 round trips;
+    no model object per row: controlplane/lib/bulk.py),
     with the events one at a time would have written: found, then ready.
 
     A job's pass replacing a node records the provider's new machine itself
@@ -44,30 +46,31 @@ def _found(pool, new: list, working: int, now) -> None:
     skips the name), and only the rows this pass made get our events."""
     if not new:
         return
-    nodes = []
+    rows = []
     for seen in new:
         is_spare = working >= pool.size
         working += 0 if is_spare else 1
-        state = Node.State.READY if seen.ready else Node.State.PROVISIONING
-        nodes.append(Node(
-            cluster_id=pool.cluster_id, pool=pool, name=seen.name, provider_id=seen.provider_id,
-            address=seen.address, gpus=seen.gpus, labels=seen.labels, is_spare=is_spare,
-            state=state, state_changed_at=now, created_at=now,
-            state_reason=READY if seen.ready else FOUND,
-        ))
-    Node.objects.bulk_create(nodes, ignore_conflicts=True, batch_size=1000)
+        rows.append({
+            "cluster_id": pool.cluster_id, "pool_id": pool.id, "name": seen.name,
+            "provider_id": seen.provider_id, "address": seen.address, "gpus": seen.gpus,
+            "labels": seen.labels, "is_spare": is_spare,
+            "state": Node.State.READY if seen.ready else Node.State.PROVISIONING,
+            "state_changed_at": now, "created_at": now,
+            "state_reason": READY if seen.ready else FOUND,
+        })
+    insert_rows(Node, rows, ignore_conflicts=True)
     events = []
     made = Node.objects.filter(pool=pool, created_at=now, state_changed_at=now,
                                state_reason__in=(FOUND, READY)).order_by("id")
-    for node in made.only("id", "state", "is_spare"):
-        events.append(NodeEvent(node=node, from_state="", to_state=Node.State.PROVISIONING,
-                                reason=FOUND + (" (spare)" if node.is_spare else ""),
-                                created_at=event_time(now)))
-        if node.state == Node.State.READY:
-            events.append(NodeEvent(node=node, from_state=Node.State.PROVISIONING,
-                                    to_state=Node.State.READY, reason=READY,
-                                    created_at=event_time(now)))
-    NodeEvent.objects.bulk_create(events, batch_size=1000)
+    at = event_time(now)
+    for node_id, state, is_spare in made.values_list("id", "state", "is_spare"):
+        events.append({"node_id": node_id, "from_state": "",
+                       "to_state": Node.State.PROVISIONING,
+                       "reason": FOUND + (" (spare)" if is_spare else ""), "created_at": at})
+        if state == Node.State.READY:
+            events.append({"node_id": node_id, "from_state": Node.State.PROVISIONING,
+                           "to_state": Node.State.READY, "reason": READY, "created_at": at})
+    insert_rows(NodeEvent, events)
 
 
 def promote_for_size(pool, now) -> None:

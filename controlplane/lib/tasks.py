@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 # The reconcile and admission tasks, by name (their modules import the code
 # that enqueues them).
 RECONCILE_JOB = "jobs.tasks.reconcile_job"
+RECONCILE_JOBS = "jobs.tasks.reconcile_jobs"
 ADMIT_CLUSTER = "jobs.tasks.admit_cluster"
 RECONCILE_CLUSTER = "clusters.tasks.reconcile_cluster"
 

@@ -12,6 +12,8 @@ NodeEvent): the event shape is the model's, the rule is here.
 
 from __future__ import annotations
 
+import json
+
 from django.db import transaction
 from django.utils import timezone
 
@@ -78,10 +80,35 @@ def change_states(objs, target, *, source, fields=()) -> None:
     name = model.STATE_FIELD
     if source not in model.TRANSITIONS[target]:
         raise IllegalTransition(model.STATE_KIND, f"{len(objs)} rows", source, target)
+    moved = 0
+    # Rows that get the same values move together: one plain UPDATE per
+    # group and batch. (`bulk_update` builds a CASE per row and column, which
+    # costs more to compile than the database spends running it.) An
+    # admission pass's jobs mostly share their values: the pass's clock, the
+    # pool, no borrowing.
+    for group in _by_values(objs, fields).values():
+        changes = {name: target, **dict(zip(fields, group[0][1], strict=True))}
+        for start in range(0, len(group), 500):
+            pks = [obj.pk for obj, _ in group[start:start + 500]]
+            moved += model.objects.filter(pk__in=pks, **{name: source}).update(**changes)
     for obj in objs:
         setattr(obj, name, target)
-    moved = model.objects.filter(**{name: source}).bulk_update(
-        objs, [name, *fields], batch_size=500)
     if moved != len(objs):
         raise IllegalTransition(model.STATE_KIND, f"{len(objs) - moved} of {len(objs)} rows",
                                 "another state", target)
+
+
+def _by_values(objs, fields) -> dict[str, list]:
+    """(obj, its values of `fields`) grouped by those values. JSON columns
+    hold dicts and lists, so the key is their JSON text."""
+    groups: dict[str, list] = {}
+    for obj in objs:
+        values = tuple(getattr(obj, f) for f in fields)
+        key = json.dumps([_comparable(v) for v in values], sort_keys=True, default=str)
+        groups.setdefault(key, []).append((obj, values))
+    return groups
+
+
+def _comparable(value):
+    # A foreign key's object is compared (and written) by its id.
+    return getattr(value, "pk", value)

@@ -32,7 +32,9 @@ def test_every_task_takes_ids_only(name):
         assert param.annotation is int, (
             f"{name}({param.name}) must take an int id, not {param.annotation!r}"
         )
-        assert param.name.endswith("_id"), f"{name}({param.name}): name ids as <thing>_id"
+        # Many ids of one kind come as *<thing>_ids (ints all the same).
+        suffix = "_ids" if param.kind is inspect.Parameter.VAR_POSITIONAL else "_id"
+        assert param.name.endswith(suffix), f"{name}({param.name}): name ids as <thing>{suffix}"
 
 
 @pytest.mark.parametrize("name", sorted(_our_tasks()))
