@@ -10,8 +10,9 @@ import json
 from pathlib import Path
 
 import pytest
-from regatta.storage import profile_key
+from regatta.storage import open_storage, profile_key
 
+from .test_s3 import s3_env  # noqa: F401
 from .test_sdk import Program
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -81,3 +82,22 @@ def test_the_built_in_trainer_profiles_on_the_directive(launcher, tmp_path, cont
     found = traces(control_plane, ckpt, "prof-3")
     assert_same_window(found)
     assert next(iter(found.values()))[0]["start_step"] + STEPS - 1 <= 20
+
+
+def test_a_trainer_on_s3_writes_its_traces_under_the_job_s_prefix(
+        s3_env, launcher, control_plane):  # noqa: F811
+    control_plane.directives["profile"] = {"request_id": "prof-4", "steps": STEPS}
+    uri = "s3://ckpts/jobs/9"
+    run = launcher.run({"max_steps": 20, "checkpoint_every_steps": 0}, uri,
+                       env={**s3_env, **control_plane.env()})
+
+    assert run.exit_codes() == {0: 0, 1: 0}, run.log()[-3000:]
+    reports = sorted((r["body"] for r in control_plane.of_kind("profiles")),
+                     key=lambda r: r["rank"])
+    assert [r["rank"] for r in reports] == [0, 1]
+    store = open_storage(uri)
+    for rep in reports:
+        key = profile_key(rep["start_step"], "prof-4", rep["rank"])
+        assert rep["uri"] == f"{uri}/{key}"
+        trace = json.loads(gzip.decompress(store.read_bytes(key)))
+        assert len(profiled_steps(trace)) == STEPS
