@@ -71,6 +71,10 @@ def profile(request, pk: int):
     if attempt is None:
         messages.error(request, f"{job.name} is not running; only a running job is profiled.")
         return _back(job)
+    if job.heartbeats_missing:
+        messages.error(request, f"{job.name} sends no heartbeats, so it never gets the profile "
+                                "directive; report through the regatta SDK.")
+        return _back(job)
     try:
         _, created = attempt.request_profile(body.validated_data["steps"],
                                              scoping.actor_for(request.user))

@@ -53,6 +53,10 @@ class JobProfileView(JobScopedMixin, APIView):
         attempt = job.running_attempt()
         if attempt is None:
             raise Conflict(f"Job {job.pk} is {job.phase}: only a running job can be profiled.")
+        if job.heartbeats_missing:
+            # It would stay pending for ever: directives ride on heartbeat replies.
+            raise Conflict(f"Job {job.pk} runs a program that sends no heartbeats, so it never "
+                           "gets the profile directive; report through the regatta SDK.")
         request_id, created = attempt.request_profile(body.validated_data["steps"],
                                                       actor_for(request.user))
         return Response({"attempt": attempt.pk, "request_id": request_id,

@@ -8,7 +8,7 @@ import json
 import pytest
 from regatta.storage import profile_key
 
-from jobs.models import JobAttempt, JobEvent, ProfileTrace
+from jobs.models import NO_HEARTBEATS, JobAttempt, JobEvent, ProfileTrace, TrainingJob
 from tests.api_factories import make_attempt, make_job, worker_client
 from tests.conftest import client_for
 from tests.profile_factories import TRACE, write_trace
@@ -100,6 +100,17 @@ class TestAskingForAProfile:
         assert resp.status_code == 409, resp.content
         assert "running" in resp.json()["detail"]
         assert not JobEvent.objects.filter(kind="ProfileRequested").exists()
+
+    def test_a_program_that_sends_no_heartbeats_is_409_as_it_would_never_hear_it(
+            self, job, attempt, owner):
+        TrainingJob.objects.filter(pk=job.pk).update(
+            entrypoint=["python", "train.py"],
+            conditions=[{"type": NO_HEARTBEATS, "attempt": attempt[0].pk}])
+
+        resp = ask(owner, job, {"steps": 5})
+
+        assert resp.status_code == 409 and "no heartbeats" in resp.json()["detail"]
+        assert JobAttempt.objects.get(pk=attempt[0].pk).profile_request_id == ""
 
     def test_another_teams_job_is_not_found(self, job, attempt, outsider):
         assert ask(outsider, job, {"steps": 5}).status_code == 404
