@@ -18,11 +18,13 @@ def ask(client: Client, job_id: int, steps: int) -> dict:
 def traces(client: Client, job_id: int, request_id: str | None = None,
            newest: bool = False) -> list[dict]:
     """The job's traces; only one profile's (`request_id`, or the newest)."""
-    found = client.get(f"jobs/{job_id}/profiles/")["traces"]
-    if request_id is None and newest and found:
-        request_id = max(found, key=lambda t: t["created_at"])["request_id"]
-    if request_id is not None:
-        found = [t for t in found if t["request_id"] == request_id]
+    if request_id is None and newest:
+        # The listing is newest first: its first row names the newest profile.
+        first = client.get(f"jobs/{job_id}/profiles/", limit=1)["results"]
+        request_id = first[0]["request_id"] if first else None
+        if request_id is None:
+            return []
+    found = client.get_all(f"jobs/{job_id}/profiles/", request_id=request_id)
     return sorted(found, key=lambda t: (t["start_step"], t["request_id"], t["rank"]))
 
 

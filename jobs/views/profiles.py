@@ -4,9 +4,13 @@ next N steps, list the traces its ranks wrote, download one.
 Scoped like the job: another team's job, and its traces, are 404."""
 
 from django.shortcuts import get_object_or_404
-from django.urls import reverse
-from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
-from rest_framework import serializers
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    inline_serializer,
+)
+from rest_framework import generics, serializers
 from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -17,6 +21,7 @@ from controlplane.lib.api import Conflict
 
 from ..checkpointing import open_job_storage
 from ..profiling import traces_of
+from ..serializers import ProfileTraceSerializer
 from ..validators import ProfileRequestValidator
 from .base import JobScopedMixin
 from .downloads import FILE_RESPONSES, DownloadView, StorageUnavailable, _storage_call
@@ -25,16 +30,6 @@ ProfileRequest = inline_serializer("ProfileRequest", {
     "attempt": serializers.IntegerField(), "request_id": serializers.CharField(),
     "steps": serializers.IntegerField(),
     "created": serializers.BooleanField(help_text="false: a pending request was returned"),
-})
-
-TraceListing = inline_serializer("ProfileTraceListing", {
-    "traces": serializers.ListField(child=inline_serializer("ProfileTraceOut", {
-        "id": serializers.IntegerField(), "attempt": serializers.IntegerField(),
-        "request_id": serializers.CharField(), "rank": serializers.IntegerField(),
-        "start_step": serializers.IntegerField(), "steps": serializers.IntegerField(),
-        "path": serializers.CharField(), "bytes": serializers.IntegerField(),
-        "created_at": serializers.DateTimeField(), "url": serializers.CharField(),
-    })),
 })
 
 
@@ -64,18 +59,21 @@ class JobProfileView(JobScopedMixin, APIView):
                         status=202 if created else 200)
 
 
-class JobProfileListView(JobScopedMixin, APIView):
-    """The job's profiler traces, newest profile first, one per rank."""
+class JobProfileListView(JobScopedMixin, generics.ListAPIView):
+    """The job's profiler traces, one per rank and profile, newest profile
+    first; `?request_id=` narrows to one profile. Paged like every list."""
 
-    @extend_schema(operation_id="job_profile_traces_list", responses=TraceListing)
-    def get(self, request, pk):
-        job = self.get_job()
-        return Response({"traces": [{
-            "id": t.pk, "attempt": t.attempt_id, "request_id": t.request_id, "rank": t.rank,
-            "start_step": t.start_step, "steps": t.steps, "path": t.path, "bytes": t.bytes,
-            "created_at": t.created_at,
-            "url": request.build_absolute_uri(trace_url(job.pk, t.pk)),
-        } for t in traces_of(job)]})
+    serializer_class = ProfileTraceSerializer
+
+    @extend_schema(parameters=[OpenApiParameter("request_id", str,
+                                                description="only this profile's traces")])
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
+
+    def get_queryset(self):
+        traces = traces_of(self.get_job()).order_by("-created_at", "request_id", "rank", "id")
+        request_id = self.request.query_params.get("request_id")
+        return traces.filter(request_id=request_id) if request_id else traces
 
 
 class ProfileTraceFileView(JobScopedMixin, DownloadView):
@@ -98,5 +96,3 @@ class ProfileTraceFileView(JobScopedMixin, DownloadView):
         return self.stream(opened, name)
 
 
-def trace_url(job_id: int, trace_id: int) -> str:
-    return reverse("jobs:job-profile-trace", args=[job_id, trace_id])

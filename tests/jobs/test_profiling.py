@@ -178,7 +178,7 @@ class TestDownloadingTraces:
         listing = api.get(f"/api/v1/jobs/{job.pk}/profiles/")
 
         assert listing.status_code == 200
-        traces = listing.json()["traces"]
+        traces = listing.json()["results"]
         assert sorted(t["rank"] for t in traces) == [0, 1]
         for t in traces:
             assert (t["start_step"], t["steps"], t["request_id"]) == (7, 3, "feedc0de")
@@ -188,6 +188,22 @@ class TestDownloadingTraces:
             assert len(data) == t["bytes"] == int(resp["Content-Length"])
             assert json.loads(gzip.decompress(data)) == TRACE
             assert f"rank-{t['rank']}.json.gz" in resp["Content-Disposition"]
+
+    def test_the_listing_pages_newest_profile_first_and_narrows_to_one(self, job, attempt,
+                                                                      owner):
+        attempt, _ = attempt
+        write_trace(attempt, 0, request_id="old0", start_step=3)
+        for rank in (1, 0):
+            write_trace(attempt, rank, request_id="new1", start_step=30)
+        api = client_for(owner)
+
+        page = api.get(f"/api/v1/jobs/{job.pk}/profiles/?limit=2").json()
+        one = api.get(f"/api/v1/jobs/{job.pk}/profiles/?request_id=old0").json()
+
+        assert page["count"] == 3 and page["next"]
+        assert [(t["request_id"], t["rank"]) for t in page["results"]] == [("new1", 0),
+                                                                           ("new1", 1)]
+        assert [(t["request_id"], t["start_step"]) for t in one["results"]] == [("old0", 3)]
 
     def test_another_team_sees_no_trace(self, job, attempt, outsider, operator):
         trace = write_trace(attempt[0], 0)

@@ -45,7 +45,7 @@ def test_a_profile_yields_a_trace_per_rank_downloadable_only_by_the_team(
 
     assert run.exit_codes() == {0: 0, 1: 0}, run.log()[-3000:]
     assert wait_for(lambda: ProfileTrace.objects.filter(job=job).count() == 2, 20)
-    listing = client_for(owner).get(f"/api/v1/jobs/{job.pk}/profiles/").json()["traces"]
+    listing = client_for(owner).get(f"/api/v1/jobs/{job.pk}/profiles/").json()["results"]
     assert sorted(t["rank"] for t in listing) == [0, 1]
     assert {(t["request_id"], t["steps"]) for t in listing} == {(asked.json()["request_id"], 3)}
     assert len({t["start_step"] for t in listing}) == 1
