@@ -109,12 +109,19 @@ def reported_step_uri_ok(storage_uri: str, step: int, uri: str) -> bool:
     folder, spelled as the trainer's storage spells it: `file://<path>` or
     the plain path for a filesystem, `s3://bucket/prefix` for S3 (see
     worker_image/trainer/storage.py, `step_uri`)."""
+    return reported_key_uri_ok(storage_uri, f"step-{step}", uri)
+
+
+def reported_key_uri_ok(storage_uri: str, key: str, uri: str) -> bool:
+    """Whether a worker's `uri` is exactly `key` (a relative path the
+    control plane computed, e.g. a profile trace's) inside its job's storage,
+    spelled as the worker's storage spells it."""
     if storage_uri.startswith("s3://"):
         bucket, _, prefix = storage_uri[len("s3://"):].partition("/")
         base = f"s3://{bucket}/{prefix.strip('/')}" if prefix.strip("/") else f"s3://{bucket}"
-        return uri == f"{base}/step-{step}"
+        return uri == f"{base}/{key}"
     path = storage_uri[len("file://"):] if storage_uri.startswith("file://") else storage_uri
     # As LocalStorage spells its root: Path(root).absolute() collapses // and
     # a trailing slash and leaves the rest as it was.
     base = str(PurePosixPath(path))
-    return uri in (f"{base}/step-{step}", f"file://{base}/step-{step}")
+    return uri in (f"{base}/{key}", f"file://{base}/{key}")

@@ -166,19 +166,26 @@ def open_checkpoint_file(step: int, storage, relpath: str) -> OpenedFile:
     listed = {f.path: f for f in checkpoint_files(step, storage)}
     if relpath not in listed:
         raise NotThere(relpath)
-    sha = listed[relpath].sha256
+    return open_storage_file(storage, f"{step_name(step)}/{relpath}", listed[relpath].sha256)
+
+
+def open_storage_file(storage, key: str, sha256: str = "") -> OpenedFile:
+    """The file at `key` (a clean relative path) in a storage: read from
+    disk confined to the storage's folder, or the S3 object's body, streamed
+    as it arrives. The caller decides which keys may be asked for."""
+    if clean_relpath(key) is None:
+        raise NotThere(key)
     if isinstance(storage, LocalStorage):
-        stream, size = open_confined(storage.local_dir(step), relpath)
-        return OpenedFile(stream, size, sha)
+        stream, size = open_confined(storage.root, key)
+        return OpenedFile(stream, size, sha256)
     if isinstance(storage, S3Storage):
-        key = f"{step_name(step)}/{relpath}"
-        key = f"{storage.prefix}/{key}" if storage.prefix else key
+        full = f"{storage.prefix}/{key}" if storage.prefix else key
         try:
-            obj = storage.client.get_object(Bucket=storage.bucket, Key=key)
+            obj = storage.client.get_object(Bucket=storage.bucket, Key=full)
         except storage.client.exceptions.NoSuchKey:
-            raise NotThere(relpath) from None
-        return OpenedFile(obj["Body"], int(obj["ContentLength"]), sha)
-    raise NotThere(relpath)  # pragma: no cover - no third kind of storage
+            raise NotThere(key) from None
+        return OpenedFile(obj["Body"], int(obj["ContentLength"]), sha256)
+    raise NotThere(key)  # pragma: no cover - no third kind of storage
 
 
 def iter_chunks(stream: IO[bytes], chunk: int = CHUNK) -> Iterator[bytes]:

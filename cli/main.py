@@ -17,6 +17,7 @@ import click
 import yaml
 
 from . import output
+from . import profiles as profiling
 from .base import State, json_flag
 from .client import Client, CliError, Config, save_config
 from .watch import TERMINAL, watch_job
@@ -222,6 +223,52 @@ def checkpoints(state: State, job_id: int):
              output.age(c.get("created_at")), c["uri"]]
             for c in sorted(items, key=lambda c: -c["step"])]
     output.table(rows, ["STEP", "STATE", "SIZE", "SAVE", "AGE", "URI"])
+
+
+@cli.command()
+@click.argument("job_id", type=int)
+@click.option("--steps", type=click.IntRange(1, 50), required=True,
+              help="How many of the next steps every rank profiles.")
+@json_flag
+def profile(state: State, job_id: int, steps: int):
+    """Profile the running job's next N steps with torch.profiler on every
+    rank (one gzipped Chrome/Perfetto trace per rank; see `profiles`)."""
+    asked = profiling.ask(state.client, job_id, steps)
+    if state.as_json:
+        output.emit_json(asked)
+        return
+    what = "requested" if asked["created"] else "already under way"
+    click.echo(f"Profile of the next {asked['steps']} steps {what} on attempt "
+               f"{asked['attempt']} (request {asked['request_id']}); fetch the traces with "
+               f"`regatta profiles {job_id} --out DIR`.")
+
+
+@cli.command()
+@click.argument("job_id", type=int)
+@click.option("--request", "request_id", help="Only this profile's traces (its request id).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="Download the traces into this folder (the newest profile's, or --request's).")
+@json_flag
+def profiles(state: State, job_id: int, request_id: str | None, out: Path | None):
+    """The job's profiler traces, one per rank; with --out, download them."""
+    found = profiling.traces(state.client, job_id, request_id, newest=out is not None)
+    if out is not None:
+        if not found:
+            raise CliError(f"job {job_id} has no profiler traces yet")
+        done = profiling.download(state.client, found, out.absolute())
+        if state.as_json:
+            output.emit_json({"job": job_id, "out": str(out.absolute()), "files": done})
+            return
+        for d in done:
+            click.echo(f"rank {d['rank']}  {output.size(d['bytes'])}  {d['local']}")
+        return
+    if state.as_json:
+        output.emit_json(found)
+        return
+    rows = [[t["id"], f"{t['start_step']}..{t['start_step'] + t['steps'] - 1}", t["rank"],
+             output.size(t["bytes"]), output.age(t["created_at"]), t["request_id"]]
+            for t in found]
+    output.table(rows, ["ID", "STEPS", "RANK", "SIZE", "AGE", "REQUEST"])
 
 
 @cli.command()

@@ -23,6 +23,7 @@ urlpatterns = [
     path("jobs/<int:pk>/cancel/", views.cancel, name="job-cancel"),
     path("jobs/<int:pk>/checkpoint/", views.checkpoint, name="job-checkpoint"),
     path("jobs/<int:pk>/restart/", views.restart, name="job-restart"),
+    path("jobs/<int:pk>/profile/", views.profile, name="job-profile"),
     path("teams/", views.team_list, name="teams"),
     path("teams/<slug:name>/", views.team_detail, name="team"),
     path("teams/<slug:name>/live/", views.team_live, name="team-live"),

@@ -392,6 +392,11 @@ class JobAttempt(models.Model):
     checkpoint_request_id = models.CharField(max_length=64, blank=True)
     checkpoint_requested_at = models.DateTimeField(null=True, blank=True)
     stop_requested_at = models.DateTimeField(null=True, blank=True)
+    # "Profile the next N steps": the request stays up like the checkpoint
+    # request; the trainer remembers the ids it served.
+    profile_request_id = models.CharField(max_length=64, blank=True)
+    profile_steps = models.PositiveSmallIntegerField(default=0)
+    profile_requested_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["job", "number"]
@@ -460,6 +465,34 @@ class JobAttempt(models.Model):
                             attempt=self, evidence={"request_id": request_id}, now=now)
         return request_id
 
+    def profile_pending(self) -> bool:
+        """A profile was asked for and no rank has sent its trace yet."""
+        return bool(self.profile_request_id) and not ProfileTrace.objects.filter(
+            attempt=self, request_id=self.profile_request_id).exists()
+
+    def request_profile(self, steps: int, actor: str, now=None) -> tuple[str, bool]:
+        """Ask every rank of the running gang to profile its next `steps`
+        steps: (request id, whether it is new). Idempotent while a request
+        is pending: the pending one is returned and nothing is written.
+        Raises IllegalTransition unless the attempt runs."""
+        now = now or timezone.now()
+        with transaction.atomic():
+            locked = JobAttempt.objects.select_for_update().filter(pk=self.pk).first()
+            if locked is None or locked.state != self.State.RUNNING:
+                raise IllegalTransition("attempt", self.pk,
+                                        locked.state if locked else self.state, "profile")
+            if locked.profile_pending():
+                self.refresh_from_db()
+                return locked.profile_request_id, False
+            request_id = secrets.token_hex(8)
+            JobAttempt.objects.filter(pk=self.pk).update(
+                profile_request_id=request_id, profile_steps=steps, profile_requested_at=now)
+            self.refresh_from_db()
+            self.job.record("ProfileRequested", f"profile of the next {steps} steps asked by "
+                            f"{actor}", actor=actor, attempt=self,
+                            evidence={"request_id": request_id, "steps": steps}, now=now)
+        return request_id, True
+
     def note_stop_by_control_plane(self, now=None) -> None:
         """The control plane itself is stopping this attempt (Ctrl-C of
         `make run`): its ranks' exit 83 is then a stop from outside the job,
@@ -475,6 +508,8 @@ class JobAttempt(models.Model):
             "checkpoint_request": self.checkpoint_request_id or None,
             "stop": self.stop_requested_at is not None,
             "checkpoint_interval_steps": interval,
+            "profile": ({"request_id": self.profile_request_id, "steps": self.profile_steps}
+                        if self.profile_request_id else None),
         }
 
 
@@ -535,6 +570,34 @@ class JobEvent(models.Model):
 
     def __str__(self):
         return f"{self.job_id} {self.kind}"
+
+
+class ProfileTrace(models.Model):
+    """One rank's `torch.profiler` trace of an on-demand profile: a gzipped
+    Chrome trace at `path` in the job's storage, beside its checkpoints."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="profile_traces")
+    attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE,
+                                related_name="profile_traces")
+    request_id = models.CharField(max_length=64)
+    start_step = models.PositiveIntegerField()
+    steps = models.PositiveSmallIntegerField()
+    rank = models.PositiveIntegerField()
+    path = models.CharField(max_length=300)  # relative to the job's storage URI
+    bytes = models.BigIntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-created_at", "request_id", "rank"]
+        constraints = [
+            # A retried report stores nothing twice.
+            models.UniqueConstraint(fields=["attempt", "request_id", "rank"],
+                                    name="uniq_profile_trace")
+        ]
+
+    @property
+    def end_step(self) -> int:
+        return self.start_step + self.steps - 1
 
 
 class MetricPoint(models.Model):

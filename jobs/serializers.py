@@ -13,6 +13,7 @@ from .models import (
     GoodputEntry,
     JobAttempt,
     JobEvent,
+    ProfileTrace,
     Quota,
     RankStatus,
     Team,
@@ -181,3 +182,19 @@ def goodput_totals(entries) -> dict:
         },
         "goodput_ratio": (productive / total_gpu) if total_gpu else None,
     }
+
+
+class ProfileTraceSerializer(serializers.ModelSerializer):
+    """One rank's profiler trace; `url` downloads it (gzipped Chrome JSON)."""
+
+    url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = ProfileTrace
+        fields = ("id", "attempt", "request_id", "rank", "start_step", "steps", "path", "bytes",
+                  "created_at", "url")
+
+    def get_url(self, obj) -> str:
+        path = reverse("jobs:job-profile-trace", args=[obj.job_id, obj.pk])
+        request = self.context.get("request")
+        return request.build_absolute_uri(path) if request else path

@@ -9,12 +9,14 @@ from .views import (
     job_list,
     job_metrics,
     job_timeline,
+    profiles,
     quotas,
     teams,
     worker_checkpoints,
     worker_events,
     worker_heartbeat,
     worker_metrics,
+    worker_profiles,
 )
 
 app_name = "jobs"
@@ -26,6 +28,10 @@ urlpatterns = [
     path("jobs/<int:pk>/checkpoint/", job_actions.JobCheckpointView.as_view(),
          name="job-checkpoint"),
     path("jobs/<int:pk>/restart/", job_actions.JobRestartView.as_view(), name="job-restart"),
+    path("jobs/<int:pk>/profile/", profiles.JobProfileView.as_view(), name="job-profile"),
+    path("jobs/<int:pk>/profiles/", profiles.JobProfileListView.as_view(), name="job-profiles"),
+    path("jobs/<int:pk>/profiles/<int:trace_id>/file", profiles.ProfileTraceFileView.as_view(),
+         name="job-profile-trace"),
     path("jobs/<int:pk>/events/", job_timeline.JobEventsView.as_view(), name="job-events"),
     path("jobs/<int:pk>/attempts/", job_timeline.JobAttemptsView.as_view(), name="job-attempts"),
     path("jobs/<int:pk>/metrics/", job_metrics.JobMetricsView.as_view(), name="job-metrics"),
@@ -57,6 +63,8 @@ urlpatterns = [
          name="worker-metrics"),
     path("worker/attempts/<int:attempt_id>/checkpoints",
          worker_checkpoints.CheckpointCommittedView.as_view(), name="worker-checkpoints"),
+    path("worker/attempts/<int:attempt_id>/profiles", worker_profiles.ProfileTraceView.as_view(),
+         name="worker-profiles"),
     path("worker/attempts/<int:attempt_id>/events", worker_events.EventView.as_view(),
          name="worker-events"),
 ]

@@ -307,3 +307,9 @@ class QuotaValidator(StrictSerializer):
                     {"team": ["This team already has a quota on this cluster."]}
                 )
         return attrs
+
+
+class ProfileRequestValidator(StrictSerializer):
+    """`POST /jobs/<id>/profile/`: how many of the next steps to profile."""
+
+    steps = StrictIntegerField(min_value=1, max_value=50)

@@ -11,10 +11,11 @@ from rest_framework.test import APIClient
 
 from accounts.models import ApiToken
 from clusters.models import Node
-from jobs.models import Quota
+from jobs.models import JobAttempt, ProfileTrace, Quota
 from notifications.models import Webhook
 from tests.api_factories import make_attempt, make_checkpoint, make_job, worker_client
 from tests.conftest import client_for
+from tests.profile_factories import write_trace
 
 PERSONAS = ["owner", "teammate", "outsider", "operator", "admin", "anonymous", "worker",
             "other_worker"]
@@ -61,6 +62,7 @@ class World:
     stored_checkpoint: object
     webhook: object = None
     delivery: object = None
+    trace: object = None  # a rank's profiler trace, with its file, of the finished job
     artifact_file: str = "model.pt"
     checkpoint_file: str = "export/model.pt"
 
@@ -70,6 +72,9 @@ SPEC = {"name": "m", "team": "vision", "cluster": "cpu-a", "num_nodes": 1, "gpus
 POINTS = {"points": [{"rank": 0, "name": "loss", "step": 1, "value": 1.0}]}
 HOOK = {"team": "vision", "url": "https://hooks.example.com/x", "events": ["job.failed"]}
 CKPT = {"step": 300, "uri": "/tmp/ckpt/step-300", "bytes": 1}
+# A repeated report of the trace the world's attempt already sent (200).
+TRACE = {"request_id": "feedc0de", "rank": 0, "start_step": 5, "steps": 3,
+         "uri": "/tmp/ckpt/profiles/step-5-feedc0de/rank-0.json.gz"}
 
 ENDPOINTS = [
     ("get", "/api/v1/me/", None, codes(200)),
@@ -91,6 +96,9 @@ ENDPOINTS = [
     ("get", "/api/v1/jobs/{w.job.pk}/metrics/?name=loss", None, member_only(200)),
     ("get", "/api/v1/jobs/{w.job.pk}/metrics/names/", None, member_only(200)),
     ("get", "/api/v1/jobs/{w.job.pk}/goodput/", None, member_only(200)),
+    ("post", "/api/v1/jobs/{w.job.pk}/profile/", {"steps": 3}, member_only(202)),
+    ("get", "/api/v1/jobs/{w.job.pk}/profiles/", None, member_only(200)),
+    ("get", "/api/v1/jobs/{w.trace.job_id}/profiles/{w.trace.pk}/file", None, member_only(200)),
     ("get", "/api/v1/teams/", None, codes(200)),
     ("get", "/api/v1/teams/vision/goodput/", None, member_only(200)),
     ("get", "/api/v1/quotas/", None, codes(200)),
@@ -135,6 +143,7 @@ ENDPOINTS = [
     ("post", "/api/v1/worker/attempts/{w.attempt.pk}/checkpoints", CKPT, worker_only(201)),
     ("post", "/api/v1/worker/attempts/{w.attempt.pk}/events", {"kind": "started"},
      worker_only(201)),
+    ("post", "/api/v1/worker/attempts/{w.attempt.pk}/profiles", TRACE, worker_only(200)),
 ]
 
 
@@ -160,12 +169,20 @@ def world(team, other_team, cluster, owner, teammate, outsider, operator, fleet_
     webhook = Webhook.objects.create(team=team, url="https://hooks.example.com/x")
     given_up = webhook.deliveries.create(event_type="webhook.ping", payload={},
                                          status="failed", attempts=8)
+    # The running job's attempt was profiled once (so a new profile may be
+    # asked); the finished job has a trace file to download.
+    JobAttempt.objects.filter(pk=attempt.pk).update(profile_request_id="feedc0de",
+                                                    profile_steps=3)
+    ProfileTrace.objects.create(job=job, attempt=attempt, request_id="feedc0de", start_step=5,
+                                steps=3, rank=0, path="profiles/step-5-feedc0de/rank-0.json.gz")
+    trace = write_trace(make_attempt(done, state=JobAttempt.State.SUCCEEDED)[0], 0)
     return World(
         job=job, attempt=attempt, worker_token=token, other_worker_token=other_token,
         quota=Quota.objects.get(team=team), node=Node.objects.get(name="cpu-a-0"),
         checkpoint=make_checkpoint(job, 100),
         artifact=export_final(done, final, open_job_storage(done), timezone.now()),
         owner_token=owner_token, stored_checkpoint=final, webhook=webhook, delivery=given_up,
+        trace=trace,
     )
 
 

@@ -29,15 +29,15 @@ from notifications.models import Webhook
 from tests.api_factories import make_attempt, make_job
 
 EXAMPLES = {GenerationMode.POSITIVE: 3, GenerationMode.NEGATIVE: 3}
-# The four worker endpoints take the most free-form bodies (gpu, data): more
+# The five worker endpoints take the most free-form bodies (gpu, data): more
 # examples each, still only a few hundred requests.
 WORKER_EXAMPLES = 10
 CHECKS = [not_a_server_error, response_schema_conformance]
 # Besides every GET, operations whose path ids may be pinned to real rows:
 # the job actions, and a token delete pinned to a spare token.
 PINNABLE = ("POST /api/v1/jobs/{id}/cancel/", "POST /api/v1/jobs/{id}/checkpoint/",
-            "POST /api/v1/jobs/{id}/restart/", "DELETE /api/v1/tokens/{id}/",
-            "POST /api/v1/webhooks/{id}/ping/")
+            "POST /api/v1/jobs/{id}/restart/", "POST /api/v1/jobs/{id}/profile/",
+            "DELETE /api/v1/tokens/{id}/", "POST /api/v1/webhooks/{id}/ping/")
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Cancel, checkpoint now, restart from a step: the same model methods the
+"""Cancel, checkpoint now, profile the next steps, restart from a step: the same model methods the
 API's job actions call, behind CSRF-protected form posts."""
 
 from django.contrib import messages
@@ -11,7 +11,7 @@ from controlplane.lib.errors import IllegalTransition
 from controlplane.lib.tasks import enqueue_on_commit
 from frontend import scoping
 from jobs import services, tasks
-from jobs.validators import RestartValidator
+from jobs.validators import ProfileRequestValidator, RestartValidator
 
 
 def _job_to_act_on(request, pk):
@@ -54,6 +54,38 @@ def checkpoint(request, pk: int):
         messages.error(request, f"Attempt {attempt.number} stopped running; nothing to checkpoint.")
     else:
         messages.success(request, "Checkpoint requested; the trainer takes it at the next step.")
+    return _back(job)
+
+
+@login_required
+@require_POST
+def profile(request, pk: int):
+    job = _job_to_act_on(request, pk)
+    raw = request.POST.get("steps", "")
+    body = ProfileRequestValidator(data={"steps": int(raw) if raw.isdigit() else raw})
+    if not body.is_valid():
+        for field, errors in body.errors.items():
+            messages.error(request, f"{field}: {' '.join(str(e) for e in errors)}")
+        return _back(job)
+    attempt = job.running_attempt()
+    if attempt is None:
+        messages.error(request, f"{job.name} is not running; only a running job is profiled.")
+        return _back(job)
+    if job.heartbeats_missing:
+        messages.error(request, f"{job.name} sends no heartbeats, so it never gets the profile "
+                                "directive; report through the regatta SDK.")
+        return _back(job)
+    try:
+        _, created = attempt.request_profile(body.validated_data["steps"],
+                                             scoping.actor_for(request.user))
+    except IllegalTransition:
+        messages.error(request, f"Attempt {attempt.number} stopped running; nothing to profile.")
+        return _back(job)
+    if created:
+        messages.success(request, f"Profile of the next {attempt.profile_steps} steps "
+                                  "requested; every rank writes a trace.")
+    else:
+        messages.info(request, "A profile is already under way; its traces appear below.")
     return _back(job)
 
 

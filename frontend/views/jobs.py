@@ -5,7 +5,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from clusters.models import Cluster
-from frontend import charts, jobdetail, scoping
+from frontend import charts, jobdetail, profiles, scoping
 from jobs import budgets, services
 from jobs.models import Phase
 
@@ -21,6 +21,7 @@ DETAIL_PARTIALS = {
     "job-checkpoints": "frontend/partials/job_checkpoints.html",
     "job-events": "frontend/partials/job_events.html",
     "job-goodput": "frontend/partials/job_goodput.html",
+    "job-profiles": "frontend/partials/job_profiles.html",
 }
 
 
@@ -79,6 +80,7 @@ def _detail_context(request, job):
         "goodput": jobdetail.job_goodput(job),
         "interval": jobdetail.interval(job),
         "preflight": jobdetail.latest_preflight(job),
+        **profiles.context(job),
     }
 
 

@@ -8,6 +8,8 @@ Directives = inline_serializer("Directives", {
     "checkpoint_request": s.CharField(allow_null=True),
     "stop": s.BooleanField(),
     "checkpoint_interval_steps": s.IntegerField(allow_null=True),
+    "profile": inline_serializer("ProfileDirective", {
+        "request_id": s.CharField(), "steps": s.IntegerField()}, allow_null=True),
 })
 
 heartbeat = extend_schema(
@@ -56,4 +58,14 @@ events = extend_schema(
         "data": s.DictField(required=False), "node": s.CharField(required=False),
     }),
     responses={201: inline_serializer("TrainerEventReply", {"event": s.IntegerField()})},
+)
+
+profiles = extend_schema(
+    tags=["worker"],
+    request=inline_serializer("ProfileTraceWritten", {
+        "request_id": s.CharField(), "rank": s.IntegerField(), "start_step": s.IntegerField(),
+        "steps": s.IntegerField(), "uri": s.CharField(), "bytes": s.IntegerField(),
+    }),
+    responses={201: inline_serializer("ProfileTraceWrittenReply", {
+        "trace": s.IntegerField(), "created": s.BooleanField()})},
 )

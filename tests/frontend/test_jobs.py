@@ -99,7 +99,8 @@ def test_the_live_endpoint_sends_downsampled_series_and_restart_marks(
     assert charts["val_loss"]["total"] == 20
     assert data["phase"] == "running" and data["terminal"] is False
     assert set(data["fragments"]) == {"job-status", "job-actions", "job-attempts",
-                                      "job-checkpoints", "job-events", "job-goodput"}
+                                      "job-checkpoints", "job-events", "job-goodput",
+                                      "job-profiles"}
     assert [g["category"] for g in data["goodput"]] == [
         "productive", "rollback", "restart", "checkpoint"]
 

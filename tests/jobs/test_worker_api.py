@@ -40,7 +40,8 @@ class TestHeartbeat:
             resp = worker_client(token).post(url(attempt, "heartbeat"), beat(), format="json")
         assert resp.status_code == 200, resp.content
         assert resp.json() == {"directives": {"checkpoint_request": None, "stop": False,
-                                              "checkpoint_interval_steps": None}}
+                                              "checkpoint_interval_steps": None,
+                                              "profile": None}}
         rank = RankStatus.objects.get(attempt=attempt)
         assert (rank.rank, rank.step, rank.node_name, rank.tokens_per_s) == (0, 10, "cpu-a-0",
                                                                             8192.0)

@@ -1,9 +1,9 @@
 """What every rank must decide at the same step, agreed without a host sync.
 
 Rank 0 holds the control plane's directives (stop, checkpoint now, a new
-interval); any rank may have had SIGTERM, or still be writing a checkpoint (the
-SAVE_NOT_READY slot: 0 only when every rank's part of the pending save is
-down, so that it can be committed).
+interval, profile the next N steps); any rank may have had SIGTERM, or still
+be writing a checkpoint (the SAVE_NOT_READY slot: 0 only when every rank's
+part of the pending save is down, so that it can be committed).
 All ranks must act on these at the same step, so they are combined with an
 all-reduce (MAX). Doing that with a blocking read every step made the host
 wait for the GPU each step (the tensor lived on the GPU and `.tolist()`
@@ -33,8 +33,10 @@ import torch.distributed as dist
 
 log = logging.getLogger("regatta")
 
-STOP, CHECKPOINT_REQUEST, INTERVAL, SAVE_NOT_READY = range(4)
-NOTHING = (0, 0, 0, 0)
+STOP, CHECKPOINT_REQUEST, INTERVAL, SAVE_NOT_READY, PROFILE_REQUEST = range(5)
+NOTHING = (0, 0, 0, 0, 0)
+# The most steps one profile may cover (the control plane asks for 1..50).
+MAX_PROFILE_STEPS = 50
 
 
 class Agreement:
@@ -73,6 +75,7 @@ class Decision:
     stop: bool = False
     request_id: str | None = None
     fallback: bool = False
+    profile: tuple[str, int] | None = None  # (request id, steps) to profile from step+1
 
 
 class Directives:
@@ -89,11 +92,14 @@ class Directives:
         self.decision = Decision(step=-1)
         self._flagged_request: str | None = None
         self._request_id: str | None = None
+        self.served_profiles: set[str] = set()
+        self._profile: tuple[str, int] | None = None
 
     def boundary(self, step: int, ckpt) -> Decision:
         """Collective: exchange flags, commit a pending save every rank has
         finished, apply what was agreed."""
-        stop, request, interval, not_ready = self.agreement.exchange(self._local_flags(ckpt))
+        stop, request, interval, not_ready, profile = self.agreement.exchange(
+            self._local_flags(ckpt))
         if ckpt.pending is not None and not not_ready:
             ckpt.commit_pending()
         if interval and interval != self.checkpoint_every:
@@ -102,7 +108,9 @@ class Directives:
             self.checkpoint_every = interval
         self.stopping = self.stopping or bool(stop)
         request_id = self._agreed_request_id() if request else None
-        self.decision = Decision(step, self.stopping, request_id, ckpt.fallback_due)
+        profile_request = self._agreed_profile() if profile else None
+        self.decision = Decision(step, self.stopping, request_id, ckpt.fallback_due,
+                                 profile_request)
         ckpt.fallback_due = False
         return self.decision
 
@@ -111,7 +119,7 @@ class Directives:
         return self.decision.request_id if self.decision.step == step else None
 
     def _local_flags(self, ckpt) -> list[int]:
-        flags = [0, 0, 0, 0]
+        flags = [0] * len(NOTHING)
         flags[STOP] = int(self.sigterm)
         # 0 only once this rank has a pending save whose files are down; "no
         # pending save" counts as not ready, so a save started after these
@@ -134,6 +142,12 @@ class Directives:
         interval = directives.get("checkpoint_interval_steps")
         if isinstance(interval, int) and not isinstance(interval, bool) and interval > 0:
             flags[INTERVAL] = interval
+        profile = _profile_request(directives.get("profile"))
+        # Like a checkpoint request: flagged once, served once.
+        if profile and profile[0] not in self.served_profiles \
+                and (self._profile is None or profile[0] != self._profile[0]):
+            flags[PROFILE_REQUEST] = 1
+            self._profile = profile
 
     def _agreed_request_id(self) -> str | None:
         """Rank 0's request id, learnt by every rank (it goes into every
@@ -145,6 +159,15 @@ class Directives:
         self.served_requests.add(box[0])
         return box[0]
 
+    def _agreed_profile(self) -> tuple[str, int] | None:
+        """Rank 0's profile request, learnt by every rank; None if served."""
+        box = [self._profile]
+        dist.broadcast_object_list(box, src=0, group=self.d.control_group)
+        if box[0] is None or box[0][0] in self.served_profiles:
+            return None
+        self.served_profiles.add(box[0][0])
+        return tuple(box[0])
+
     def state_dict(self) -> dict[str, Any]:
         # Saved with every checkpoint, so that a resumed run neither serves a
         # request twice nor loses an interval the control plane set.
@@ -154,3 +177,17 @@ class Directives:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.served_requests = set(state.get("served_requests", []))
         self.checkpoint_every = state.get("checkpoint_every", self.checkpoint_every)
+
+
+def _profile_request(value: Any) -> tuple[str, int] | None:
+    """The directive's `profile` as (request id, steps), or None when absent
+    or malformed (a malformed directive is ignored, never fatal)."""
+    if not isinstance(value, dict):
+        return None
+    request_id, steps = value.get("request_id"), value.get("steps")
+    if not isinstance(request_id, str) or not request_id or len(request_id) > 64:
+        return None
+    if isinstance(steps, bool) or not isinstance(steps, int) \
+            or not 1 <= steps <= MAX_PROFILE_STEPS:
+        return None
+    return request_id, steps

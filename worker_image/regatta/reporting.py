@@ -45,6 +45,7 @@ class NullReporter:
     def metric(self, name: str, step: int, value: float) -> None: ...
     def event(self, kind: str, message: str = "", data: dict | None = None) -> None: ...
     def checkpoint(self, payload: dict) -> None: ...
+    def profile(self, payload: dict) -> None: ...
     def close(self, timeout_s: float = 5.0) -> None: ...
 
     def pending(self) -> int:
@@ -125,6 +126,10 @@ class Reporter(NullReporter):
 
     def checkpoint(self, payload: dict) -> None:
         self._urgent(("checkpoints", {**payload, "job_id": self.job_id}))
+
+    def profile(self, payload: dict) -> None:
+        """A profiler trace this rank wrote (regatta/profiling.py)."""
+        self._urgent(("profiles", {**payload, "job_id": self.job_id}))
 
     def _urgent(self, item: tuple[str, dict]) -> None:
         with self._lock:

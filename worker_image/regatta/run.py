@@ -28,6 +28,7 @@ from regatta.checkpoint import Checkpointer
 from regatta.exits import EXIT_OK, EXIT_PREEMPTED, FAILURE_CLASS
 from regatta.launch import Launch
 from regatta.loading import Resumed
+from regatta.profiling import Profiler
 from regatta.retention import retention_for
 from regatta.state import Export
 from regatta.status import write_status
@@ -68,6 +69,7 @@ class Run:
         self.guard = guard
         self.async_checkpoint = async_checkpoint
         self.directives = Directives(d, reporter, checkpoint_every)
+        self.profiler = Profiler(d.rank, d.device, ckpt.storage, reporter)
         self.step = 0
         self.closed = False
         self._stop_seen = True  # should_stop() runs a boundary of its own when True
@@ -159,7 +161,11 @@ class Run:
         self._arm()
         self.step = max(self.step, step)
         self._stop_seen = False
-        return self.directives.boundary(step, self.ckpt)
+        decision = self.directives.boundary(step, self.ckpt)
+        # Here, on the boundary every rank reaches at the same step, so that a
+        # profile covers the same steps everywhere (regatta/profiling.py).
+        self.profiler.at_boundary(step, decision.profile)
+        return decision
 
     def _on_sigterm(self) -> None:
         if not self.directives.sigterm:
@@ -311,6 +317,8 @@ class Run:
         if self.closed:
             return
         self.closed = True
+        # A profile the run outlived is written as far as it got.
+        self.profiler.finish(self.step if step is None else step)
         self.ckpt.close()
         write_status(self.launch, code, error, self.step if step is None else step)
         self.reporter.close(timeout_s=5.0)

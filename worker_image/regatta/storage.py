@@ -45,6 +45,13 @@ def step_name(step: int) -> str:
     return f"step-{step}"
 
 
+def profile_key(start_step: int, request_id: str, rank: int) -> str:
+    """Where a rank's profiler trace lives, beside the checkpoints: one
+    folder per profile (its first step and request id, so a replayed step
+    never overwrites an earlier profile), one gzipped Chrome trace per rank."""
+    return f"profiles/step-{start_step}-{request_id}/rank-{rank}.json.gz"
+
+
 class Storage:
     """Common logic over a handful of primitives each backend implements."""
 
