@@ -197,6 +197,12 @@ class TrainingJob(models.Model):
         indexes = [
             models.Index(fields=["cluster", "phase"]),
             models.Index(fields=["team", "phase"]),
+            # The list's pages (newest first, by cursor) with and without
+            # each of its filters: tests/jobs/test_list_indexes.py.
+            models.Index(fields=["created_at", "id"], name="job_page_idx"),
+            models.Index(fields=["team", "created_at", "id"], name="job_team_page_idx"),
+            models.Index(fields=["cluster", "created_at", "id"], name="job_cluster_page_idx"),
+            models.Index(fields=["phase", "created_at", "id"], name="job_phase_page_idx"),
         ]
 
     def __str__(self):
@@ -532,6 +538,8 @@ class JobEvent(models.Model):
 
     class Meta:
         ordering = ["created_at", "id"]
+        # A job's timeline page by cursor.
+        indexes = [models.Index(fields=["job", "created_at", "id"], name="event_job_page_idx")]
 
     def __str__(self):
         return f"{self.job_id} {self.kind}"
