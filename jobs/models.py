@@ -198,7 +198,7 @@ class TrainingJob(models.Model):
             models.Index(fields=["cluster", "phase"]),
             models.Index(fields=["team", "phase"]),
             # The list's pages (newest first, by cursor) with and without
-            # each of its filters: tests/jobs/test_list_indexes.py.
+            # each of its filters; `bench/api_scale.py --explain` shows the plans.
             models.Index(fields=["created_at", "id"], name="job_page_idx"),
             models.Index(fields=["team", "created_at", "id"], name="job_team_page_idx"),
             models.Index(fields=["cluster", "created_at", "id"], name="job_cluster_page_idx"),
