@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import threading
 import time
@@ -271,13 +272,27 @@ def time_url(clients, url: str, requests: int, threads: int) -> list[float]:
         return sorted(sum(pool.map(batch, share), []))
 
 
-def shape(clients, url: str) -> tuple[int, int]:
+def shape(clients, url: str, repeat: int = 5) -> tuple[int, int, float]:
+    """Queries, bytes, and the median milliseconds spent in the database per
+    request (one request at a time, from this thread)."""
     from django.db import connection
-    from django.test.utils import CaptureQueriesContext
 
-    with CaptureQueriesContext(connection) as ctx:
-        resp = clients.client.get(url)
-    return len(ctx.captured_queries), len(resp.content)
+    spent, queries = [], []
+
+    def clock(execute, sql, params, many, context):
+        start = time.perf_counter()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            spent[-1] += time.perf_counter() - start
+            queries[-1] += 1
+
+    with connection.execute_wrapper(clock):
+        for _ in range(repeat):
+            spent.append(0.0)
+            queries.append(0)
+            resp = clients.client.get(url)
+    return queries[-1], len(resp.content), statistics.median(spent) * 1000
 
 
 def pct(times: list[float], q: float) -> float:
@@ -305,18 +320,24 @@ def explain(clients, url: str, table: str) -> None:
 class Report:
     def __init__(self, clients, args):
         self.clients, self.args = clients, args
-        print(f"{'endpoint':<44}{'p50 ms':>9}{'p99 ms':>9}{'queries':>8}{'KB':>8}"
-              f"{'base p50':>10}{'base p99':>10}{'base q':>7}{'p50 ratio':>10}")
+        print(f"{'endpoint':<44}{'p50 ms':>8}{'p99 ms':>8}{'SQL ms':>8}{'q':>4}{'KB':>5}"
+              f"{'| base p50':>10}{'p99':>8}{'SQL ms':>8}{'q':>4}"
+              f"{'| p50 ratio':>11}{'SQL ratio':>10}")
 
     def pair(self, label: str, url: str, base: str) -> None:
         if self.args.only and not label.startswith(tuple(self.args.only.split(","))):
             return
         a, c = self.args.requests, self.args.threads
         new, old = time_url(self.clients, url, a, c), time_url(self.clients, base, a, c)
-        (nq, nb), (oq, _) = shape(self.clients, url), shape(self.clients, base)
-        print(f"{label:<44}{pct(new, .5):>9.1f}{pct(new, .99):>9.1f}{nq:>8}{nb / 1024:>8.0f}"
-              f"{pct(old, .5):>10.1f}{pct(old, .99):>10.1f}{oq:>7}"
-              f"{pct(old, .5) / pct(new, .5):>9.1f}x", flush=True)
+        self.line(label, new, shape(self.clients, url), old, shape(self.clients, base))
+
+    @staticmethod
+    def line(label, new, new_shape, old, old_shape, note=""):
+        (nq, nb, ns), (oq, _, os_) = new_shape, old_shape
+        print(f"{label:<44}{pct(new, .5):>8.1f}{pct(new, .99):>8.1f}{ns:>8.1f}{nq:>4}"
+              f"{nb / 1024:>5.0f}{'| ':>4}{pct(old, .5):>6.1f}{pct(old, .99):>8.1f}{os_:>8.1f}"
+              f"{oq:>4}{'| ':>4}{pct(old, .5) / pct(new, .5):>6.1f}x"
+              f"{os_ / max(ns, 1e-3):>9.1f}x{note}", flush=True)
 
 
 def cursor_at(url: str, model, offset: int, ordering: list[str], **filters) -> str:
@@ -362,17 +383,18 @@ def fleet(report, nodes: int):
         return
     a, c = report.args.requests, report.args.threads
     new = time_url(report.clients, "/fleet/", a, c)
-    nq, nb = shape(report.clients, "/fleet/")
+    new_shape = shape(report.clients, "/fleet/")
     per_page = page.TILES_PER_PAGE
     page.TILES_PER_PAGE = 10**9  # every tile on one page: the old page
     try:
         old = time_url(report.clients, "/fleet/", max(20, a // 5), c)
-        oq, ob = shape(report.clients, "/fleet/")
+        old_shape = shape(report.clients, "/fleet/", repeat=3)
     finally:
         page.TILES_PER_PAGE = per_page
-    print(f"{label:<44}{pct(new, .5):>9.1f}{pct(new, .99):>9.1f}{nq:>8}{nb / 1024:>8.0f}"
-          f"{pct(old, .5):>10.1f}{pct(old, .99):>10.1f}{oq:>7}"
-          f"{pct(old, .5) / pct(new, .5):>9.1f}x   (every tile: {ob / 1024:.0f} KB)", flush=True)
+    alone = time_url(report.clients, "/fleet/", 20, 1)
+    report.line(label, new, new_shape, old, old_shape,
+                f"  (every tile: {old_shape[1] / 1024:.0f} KB; one client: "
+                f"p50 {pct(alone, .5):.0f} ms)")
 
 
 def main() -> None:
