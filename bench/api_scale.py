@@ -358,7 +358,7 @@ def lists(report, long_job, teams):
     for query in (f"?team={teams[3].name}", "?phase=running", "?cluster=c1",
                   f"?team={teams[3].name}&phase=failed&cluster=c1"):
         report.pair(f"jobs {query}", jobs + query, f"{old}/jobs/{query}")
-    deep = report.args.deep
+    deep = min(report.args.deep, report.args.jobs // 2)
     report.pair(f"jobs deep page, cursor at {deep:,}",
                 cursor_at(jobs, TrainingJob, deep, ["-created_at", "-id"]),
                 f"{old}/jobs/?offset={deep}")
@@ -447,7 +447,7 @@ def main() -> None:
         print("plans of the new pages (PostgreSQL, the data above):")
         for url in ("/api/v1/jobs/", f"/api/v1/jobs/?team={teams[3].name}",
                     "/api/v1/jobs/?phase=running", "/api/v1/jobs/?cluster=c1",
-                    cursor_at("/api/v1/jobs/", type(long_job), args.deep,
+                    cursor_at("/api/v1/jobs/", type(long_job), min(args.deep, args.jobs // 2),
                               ["-created_at", "-id"])):
             explain(clients, url, "jobs_trainingjob")
         explain(clients, f"/api/v1/jobs/{long_job.pk}/events/", "jobs_jobevent")

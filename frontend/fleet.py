@@ -178,7 +178,9 @@ def tiles(user, nodes) -> list[NodeTile]:
     nodes = list(nodes)
     ids = [n.pk for n in nodes]
     jobs = {row.node_id: row.attempt.job for row in AttemptNode.objects.filter(
-        node_id__in=ids, attempt__state__in=ACTIVE_ATTEMPT).select_related("attempt__job")}
+        node_id__in=ids, attempt__state__in=ACTIVE_ATTEMPT).select_related("attempt__job")
+        # A tile shows the job's name and whether it borrows: not its JSON spec.
+        .only("node_id", "attempt__job__name", "attempt__job__borrowed_gpus")}
     visible = set(scoping.visible_jobs(user).filter(pk__in=[j.pk for j in jobs.values()])
                   .values_list("pk", flat=True))
     health = worst_health(ids)
