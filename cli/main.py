@@ -137,8 +137,9 @@ def list_jobs(state: State, team, phase, cluster, limit, offset):
         return
     output.table([_job_row(j) for j in page["results"]], JOB_HEADERS)
     shown = len(page["results"])
-    if page["count"] > offset + shown:
-        click.echo(f"({shown} of {page['count']}; --offset {offset + shown} for more)")
+    # Lists that grow carry no `count` unless asked (docs/api.md, "Pagination").
+    if page.get("next"):
+        click.echo(f"({shown} shown; --offset {offset + shown} for more)")
 
 
 @cli.command()

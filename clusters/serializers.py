@@ -22,6 +22,16 @@ def node_counts(nodes) -> dict:
     return counts
 
 
+def node_counts_by_cluster(cluster_ids) -> dict[int, dict]:
+    """{cluster id: node_counts} for many clusters in one grouped query."""
+    counts = {pk: {state: 0 for state in Node.State.values} for pk in cluster_ids}
+    rows = (Node.objects.filter(cluster_id__in=list(counts)).values("cluster_id", "state")
+            .annotate(n=Count("id")).order_by())
+    for row in rows:
+        counts[row["cluster_id"]][row["state"]] = row["n"]
+    return counts
+
+
 class ClusterSerializer(serializers.ModelSerializer):
     pools = NodePoolSerializer(many=True, read_only=True)
     node_counts = serializers.SerializerMethodField()
@@ -33,7 +43,9 @@ class ClusterSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
     def get_node_counts(self, cluster) -> dict[str, int]:
-        return node_counts(cluster.nodes.all())
+        # A list hands in every row's counts at once (views.ClusterListView).
+        counts = self.context.get("node_counts") or {}
+        return counts.get(cluster.pk) or node_counts(cluster.nodes.all())
 
 
 class NodeSerializer(serializers.ModelSerializer):

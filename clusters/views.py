@@ -18,6 +18,7 @@ from .serializers import (
     NodeDetailSerializer,
     NodePoolSerializer,
     NodeSerializer,
+    node_counts_by_cluster,
 )
 from .validators import FaultValidator, ReasonValidator
 
@@ -26,6 +27,12 @@ class ClusterListView(generics.ListAPIView):
     permission_classes = [IsPerson]
     serializer_class = ClusterSerializer
     queryset = Cluster.objects.prefetch_related("pools__cluster").order_by("name")
+
+    def get_serializer(self, *args, **kwargs):
+        if kwargs.get("many"):  # a page of clusters: their node counts in one query
+            kwargs["context"] = {**self.get_serializer_context(),
+                                 "node_counts": node_counts_by_cluster(c.pk for c in args[0])}
+        return super().get_serializer(*args, **kwargs)
 
 
 class ClusterDetailView(generics.RetrieveAPIView):

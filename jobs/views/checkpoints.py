@@ -6,15 +6,17 @@ from rest_framework import generics
 from accounts.permissions import IsPerson
 from checkpoints.models import Checkpoint, ModelArtifact
 from checkpoints.serializers import CheckpointSerializer, ModelArtifactSerializer
+from controlplane.lib.keyset import KeysetPagination
 
 from ..visibility import visible_jobs
 from .base import JobScopedMixin
 
 
 class JobCheckpointListView(JobScopedMixin, generics.ListAPIView):
-    """The job's checkpoints, newest step first."""
+    """The job's checkpoints, newest step first (a step is unique per job)."""
 
     serializer_class = CheckpointSerializer
+    pagination_class = KeysetPagination
 
     def get_queryset(self):
         return Checkpoint.objects.filter(job=self.get_job()).order_by("-step")
@@ -41,6 +43,7 @@ class ArtifactListView(generics.ListAPIView):
     permission_classes = [IsPerson]
     serializer_class = ModelArtifactSerializer
     filterset_class = ArtifactFilter
+    pagination_class = KeysetPagination
 
     def get_queryset(self):
         return ModelArtifact.objects.filter(

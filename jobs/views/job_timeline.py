@@ -1,5 +1,7 @@
 from rest_framework import generics
 
+from controlplane.lib.keyset import KeysetPagination
+
 from ..models import JobAttempt, JobEvent
 from ..serializers import AttemptSerializer, JobEventSerializer
 from .base import JobScopedMixin
@@ -9,6 +11,7 @@ class JobEventsView(JobScopedMixin, generics.ListAPIView):
     """The job's timeline, oldest first."""
 
     serializer_class = JobEventSerializer
+    pagination_class = KeysetPagination
 
     def get_queryset(self):
         return JobEvent.objects.filter(job=self.get_job()).order_by("created_at", "id")
@@ -16,6 +19,7 @@ class JobEventsView(JobScopedMixin, generics.ListAPIView):
 
 class JobAttemptsView(JobScopedMixin, generics.ListAPIView):
     serializer_class = AttemptSerializer
+    pagination_class = KeysetPagination
 
     def get_queryset(self):
         return (

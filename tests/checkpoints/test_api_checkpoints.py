@@ -21,6 +21,6 @@ def test_artifacts_are_listed_per_team(api, owner, outsider, team, other_team, c
     other = ModelArtifact.objects.create(job=theirs, name="gpt-speech", uri="/tmp/b")
     data = api(owner).get("/api/v1/artifacts/").data["results"]
     assert [a["name"] for a in data] == ["gpt-vision"]
-    assert api(owner).get(f"/api/v1/artifacts/?job={mine.pk}").data["count"] == 1
+    assert api(owner).get(f"/api/v1/artifacts/?job={mine.pk}&count=true").data["count"] == 1
     assert api(owner).get(f"/api/v1/artifacts/{other.pk}/").status_code == 404
     assert api(outsider).get(f"/api/v1/artifacts/{other.pk}/").data["name"] == "gpt-speech"

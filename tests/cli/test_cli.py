@@ -123,9 +123,9 @@ def test_list_shows_the_team_s_jobs_filtered_and_as_json(logged_in, owner, team,
     filtered = regatta("list", "--phase", "running").output
     assert "running-job" in filtered and "waiting-job" not in filtered
     page = json.loads(regatta("list", "--json").output)
-    assert page["count"] == 2
+    assert page["next"] is None and "count" not in page  # a big list is never counted unasked
     assert {j["name"] for j in page["results"]} == {"running-job", "waiting-job"}
-    assert json.loads(regatta("--json", "list").output)["count"] == 2
+    assert len(json.loads(regatta("--json", "list").output)["results"]) == 2
 
 
 def test_show_events_and_checkpoints(logged_in, teammate, team, cluster):
