@@ -547,8 +547,13 @@ class JobEvent(models.Model):
 
 
 class MetricPoint(models.Model):
-    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="metric_points")
-    attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="metric_points")
+    # No index of their own on the foreign keys: the unique key starts with
+    # the attempt and the chart index with the job, and every point written
+    # maintains every index (the hottest insert of the control plane).
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="metric_points",
+                            db_index=False)
+    attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="metric_points",
+                                db_index=False)
     rank = models.PositiveIntegerField(default=0)
     name = models.CharField(max_length=64)
     step = models.PositiveIntegerField()

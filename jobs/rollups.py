@@ -62,7 +62,9 @@ def aggregate(attempt_id: int, points: Iterable[tuple[int, str, int, float]]) ->
     return [(attempt_id, *key, *row) for key, row in sorted(buckets.items())]
 
 
-def _upsert_sql(rows: int) -> str:
+def _on_conflict() -> str:
+    """How a bucket row adds to the stored one. Every SET expression reads
+    the row as it was, so vlast compares s1 before it moves."""
     t = TABLE
 
     def least(col):
@@ -71,15 +73,20 @@ def _upsert_sql(rows: int) -> str:
     def greatest(col):
         return f"CASE WHEN excluded.{col} > {t}.{col} THEN excluded.{col} ELSE {t}.{col} END"
 
-    values = ",".join(["(" + ",".join(["%s"] * len(COLUMNS)) + ")"] * rows)
-    # Every SET expression reads the row as it was, so vlast compares s1 before it moves.
     return (
-        f"INSERT INTO {t} ({','.join(COLUMNS)}) VALUES {values} "
         f"ON CONFLICT (attempt_id, name, rank0, level, bucket) DO UPDATE SET "
         f"s0 = {least('s0')}, s1 = {greatest('s1')}, vmin = {least('vmin')}, "
         f"vmax = {greatest('vmax')}, vsum = {t}.vsum + excluded.vsum, n = {t}.n + excluded.n, "
         f"vlast = CASE WHEN excluded.s1 >= {t}.s1 THEN excluded.vlast ELSE {t}.vlast END"
     )
+
+
+ON_CONFLICT = _on_conflict()
+
+
+def _upsert_sql(rows: int) -> str:
+    values = ",".join(["(" + ",".join(["%s"] * len(COLUMNS)) + ")"] * rows)
+    return f"INSERT INTO {TABLE} ({','.join(COLUMNS)}) VALUES {values} {ON_CONFLICT}"
 
 
 def add(cursor, rows: list[tuple]) -> None:

@@ -21,6 +21,16 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.AlterField(
+            model_name='metricpoint',
+            name='attempt',
+            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='metric_points', to='jobs.jobattempt'),
+        ),
+        migrations.AlterField(
+            model_name='metricpoint',
+            name='job',
+            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='metric_points', to='jobs.trainingjob'),
+        ),
         migrations.CreateModel(
             name='MetricName',
             fields=[
