@@ -204,8 +204,10 @@ def series(job_id: int, name: str, points: int = DEFAULT_POINTS) -> dict:
         ids = [i for group in chart.cuts.values() for i in group]
         rolled = rollup_reads.summary(name, chart.rank0, ids)
         if rolled.points > max(EXACT_LIMIT, 4 * points):
+            # Two points (low and high) a bucket: 2×points buckets give LTTB
+            # 4×points to choose from, as the raw path's buckets do.
             steps, values, total = _extremes(rollup_reads.buckets(
-                name, chart.rank0, chart.cuts, chart.points, rolled, 4 * points))
+                name, chart.rank0, chart.cuts, chart.points, rolled, 2 * points))
         else:
             steps, values, total = _raw_series(chart, points)
     xs, ys = lttb(steps, values, points)
