@@ -3,13 +3,13 @@
 A chart of N points reads the level whose bucket count is just above 2×N
 (a low and a high a bucket: 4×N points for LTTB to choose from), per
 attempt, with the attempts' cut-offs (the newest attempt wins steps a
-rollback replayed, jobs/series.py) applied to whole buckets. A bucket
-that a cut-off splits (its first steps are kept, its last ones replayed by a newer attempt) is not taken from the rollup,
-which cannot be split: it is recomputed from the raw points on its kept
-side, at most one bucket of at most `level` points per attempt, found by
-the unique key's index. So cut-offs stay exact to the step, and the cost of
-a chart follows its width and the number of attempts, never the series'
-length.
+rollback replayed, jobs/series.py) applied to whole buckets. A bucket that a
+cut-off splits (its first steps kept, its last ones replayed by a newer
+attempt) is not taken from the rollup, which cannot be split: it is
+recomputed from the raw points on its kept side, at most one bucket of at
+most `level` points per attempt, found by the unique key's index. So
+cut-offs stay exact to the step, and the cost of a chart follows its width
+and the number of attempts, never the series' length.
 """
 
 from __future__ import annotations
