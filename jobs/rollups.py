@@ -37,7 +37,7 @@ def _merge(into: list, step: int, value: float) -> None:
     """Fold one point into a bucket [s0, s1, vmin, vmax, vsum, n, vlast]."""
     if step < into[0]:
         into[0] = step
-    if step >= into[1]:
+    if step > into[1]:  # a tie (two ranks other than 0) keeps the first, the lower rank
         into[1], into[6] = step, value
     if value < into[2]:
         into[2] = value
@@ -64,7 +64,10 @@ def aggregate(attempt_id: int, points: Iterable[tuple[int, str, int, float]]) ->
 
 def _on_conflict() -> str:
     """How a bucket row adds to the stored one. Every SET expression reads
-    the row as it was, so vlast compares s1 before it moves."""
+    the row as it was, so vlast compares s1 before it moves. The value at
+    the last step is rank 0's alone in a rank-0 bucket; in the other ranks'
+    bucket, where several ranks reported that step, it is one of theirs
+    (the lowest rank's within a batch, the first stored across batches)."""
     t = TABLE
 
     def least(col):
@@ -77,7 +80,7 @@ def _on_conflict() -> str:
         f"ON CONFLICT (attempt_id, name, rank0, level, bucket) DO UPDATE SET "
         f"s0 = {least('s0')}, s1 = {greatest('s1')}, vmin = {least('vmin')}, "
         f"vmax = {greatest('vmax')}, vsum = {t}.vsum + excluded.vsum, n = {t}.n + excluded.n, "
-        f"vlast = CASE WHEN excluded.s1 >= {t}.s1 THEN excluded.vlast ELSE {t}.vlast END"
+        f"vlast = CASE WHEN excluded.s1 > {t}.s1 THEN excluded.vlast ELSE {t}.vlast END"
     )
 
 
