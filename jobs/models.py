@@ -549,9 +549,13 @@ class JobEvent(models.Model):
 class MetricPoint(models.Model):
     # No index of their own on the foreign keys: the unique key starts with
     # the attempt and the chart index with the job, and every point written
-    # maintains every index (the hottest insert of the control plane).
+    # maintains every index (the hottest insert of the control plane). No
+    # database constraint on the job either: the job is the attempt's (the
+    # worker token's HMAC covers both, jobs/worker_tokens.py), whose own
+    # constraint already refuses a point of a deleted job's attempt, and each
+    # constraint is a trigger and a row lock per point written.
     job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="metric_points",
-                            db_index=False)
+                            db_index=False, db_constraint=False)
     attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="metric_points",
                                 db_index=False)
     rank = models.PositiveIntegerField(default=0)

@@ -29,7 +29,7 @@ class Migration(migrations.Migration):
         migrations.AlterField(
             model_name='metricpoint',
             name='job',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='metric_points', to='jobs.trainingjob'),
+            field=models.ForeignKey(db_constraint=False, db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='metric_points', to='jobs.trainingjob'),
         ),
         migrations.CreateModel(
             name='MetricName',
