@@ -11,10 +11,11 @@ from django.conf import settings
 from django.db import models, transaction
 from django.db.models import F
 from django.utils import timezone
-from django.utils.crypto import salted_hmac
 
 from controlplane.lib.errors import IllegalTransition
 from controlplane.lib.transitions import change_state, change_states, event_time
+
+from . import worker_tokens
 
 
 class Team(models.Model):
@@ -444,11 +445,10 @@ class JobAttempt(models.Model):
         so every pass gets the same one: a pass that died after the provider
         started the ranks, and before the row said so, leaves the next pass
         adopting those ranks, and the token they hold must still be accepted
-        (tests/e2e/test_worker_crash_e2e.py)."""
-        secret = salted_hmac("regatta.jobs.JobAttempt.worker_token",
-                             f"{self.pk}:{self.job_id}:{self.number}",
-                             algorithm="sha256").hexdigest()
-        raw = f"rgw_{self.pk}_{secret}"
+        (tests/e2e/test_worker_crash_e2e.py). It carries the ids its HMAC
+        covers, so the worker endpoints check it without a read
+        (jobs/worker_tokens.py)."""
+        raw = worker_tokens.make(self.pk, self.job_id, self.number)
         self.token_hash = hash_token(raw)
         JobAttempt.objects.filter(pk=self.pk).update(token_hash=self.token_hash)
         return raw
@@ -510,14 +510,25 @@ class JobAttempt(models.Model):
 
     def directives(self) -> dict:
         job = self.job
-        interval = job.checkpoint_interval_steps if job.checkpoint_policy == "auto" else None
-        return {
-            "checkpoint_request": self.checkpoint_request_id or None,
-            "stop": self.stop_requested_at is not None,
-            "checkpoint_interval_steps": interval,
-            "profile": ({"request_id": self.profile_request_id, "steps": self.profile_steps}
-                        if self.profile_request_id else None),
-        }
+        return directives(self.checkpoint_request_id, self.stop_requested_at,
+                          job.checkpoint_policy, job.checkpoint_interval_steps,
+                          self.profile_request_id, self.profile_steps)
+
+
+def directives(checkpoint_request_id: str, stop_requested_at, checkpoint_policy: str,
+               checkpoint_interval_steps, profile_request_id: str = "",
+               profile_steps=None) -> dict:
+    """What a heartbeat reply tells the trainer (docs/trainer-protocol.md),
+    from the columns it depends on: the heartbeat reads them in its own
+    write instead of loading the rows (jobs/heartbeats.py)."""
+    return {
+        "checkpoint_request": checkpoint_request_id or None,
+        "stop": stop_requested_at is not None,
+        "checkpoint_interval_steps": (checkpoint_interval_steps
+                                      if checkpoint_policy == "auto" else None),
+        "profile": ({"request_id": profile_request_id, "steps": profile_steps}
+                    if profile_request_id else None),
+    }
 
 
 def hash_token(raw: str) -> str:
@@ -610,8 +621,17 @@ class ProfileTrace(models.Model):
 
 
 class MetricPoint(models.Model):
-    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="metric_points")
-    attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="metric_points")
+    # No index of their own on the foreign keys: the unique key starts with
+    # the attempt and the chart index with the job, and every point written
+    # maintains every index (the hottest insert of the control plane). No
+    # database constraint on the job either: the job is the attempt's (the
+    # worker token's HMAC covers both, jobs/worker_tokens.py), whose own
+    # constraint already refuses a point of a deleted job's attempt, and each
+    # constraint is a trigger and a row lock per point written.
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="metric_points",
+                            db_index=False, db_constraint=False)
+    attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="metric_points",
+                                db_index=False)
     rank = models.PositiveIntegerField(default=0)
     name = models.CharField(max_length=64)
     step = models.PositiveIntegerField()
@@ -626,6 +646,47 @@ class MetricPoint(models.Model):
             )
         ]
         indexes = [models.Index(fields=["job", "name", "step"])]
+
+
+class MetricName(models.Model):
+    """One row per metric a job has reported, kept on ingest: the job's
+    metric names without a DISTINCT over its million points."""
+
+    job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="metric_names",
+                            db_index=False)
+    name = models.CharField(max_length=64)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "name"], name="uniq_metric_name")]
+
+
+class MetricRollup(models.Model):
+    """Aggregates of one attempt's points of one metric over a bucket of
+    `level` steps (bucket = step // level), kept on ingest from exactly the
+    points that were new (jobs/rollups.py), so a long series is charted from
+    a few thousand buckets instead of a million points. `rank0` splits rank
+    0's points from the other ranks': a chart shows rank 0's alone when it
+    reported the metric."""
+
+    attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE,
+                                related_name="metric_rollups", db_index=False)
+    name = models.CharField(max_length=64)
+    rank0 = models.BooleanField()
+    level = models.PositiveIntegerField()
+    bucket = models.PositiveIntegerField()
+    # The first and last step with a point, the extremes, the sum and count
+    # (the mean) and the value at the last step.
+    s0 = models.PositiveIntegerField()
+    s1 = models.PositiveIntegerField()
+    vmin = models.FloatField()
+    vmax = models.FloatField()
+    vsum = models.FloatField()
+    n = models.PositiveIntegerField()
+    vlast = models.FloatField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(
+            fields=["attempt", "name", "rank0", "level", "bucket"], name="uniq_metric_rollup")]
 
 
 class GoodputEntry(models.Model):

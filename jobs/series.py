@@ -5,9 +5,12 @@ carry a chart's shape, so a loss spike survives downsampling where a plain
 stride or bucket mean would smooth it away.
 """
 
+from dataclasses import dataclass
+
 import numpy as np
 from django.db.models import Count, ExpressionWrapper, F, IntegerField, Max, Min, Q
 
+from . import rollup_reads
 from .models import JobAttempt, MetricPoint
 
 DEFAULT_POINTS = 600
@@ -47,25 +50,34 @@ def lttb(steps, values, n: int) -> tuple[np.ndarray, np.ndarray]:
     return x[chosen], y[chosen]
 
 
-def effective_points(job_id: int, name: str):
-    """The points of one metric that the chart shows, as a queryset.
+def _attempts(job_id: int) -> list[tuple[int, int | None]]:
+    """The job's attempts as (id, resume step), newest first."""
+    return list(JobAttempt.objects.filter(job_id=job_id).order_by("-number").values_list(
+        "id", "resume_step"))
+
+
+def _speakers(job_id: int, name: str, attempt_ids: list[int]):
+    """The metric's points that speak for the job: rank 0's when rank 0
+    reported it, else every rank's; and whether that is rank 0's. The probe
+    names the attempts, so it is a lookup on the unique key (attempt, rank,
+    name, step), never a scan of the whole table however many rows the
+    planner expects."""
+    points = MetricPoint.objects.filter(job_id=job_id, name=name)
+    if MetricPoint.objects.filter(attempt_id__in=attempt_ids, rank=0, name=name).exists():
+        return points.filter(rank=0), True
+    return points, False
+
+
+def _cutoffs(attempts: list[tuple[int, int | None]], points) -> dict[int | None, list[int]]:
+    """Attempt ids grouped by the last step of theirs the chart shows (None:
+    all of them).
 
     Where a rollback replays steps, the newest attempt wins: an attempt's
     points count only up to the step its successors resumed from. That step
-    is the attempt's recorded resume step, so the boundaries cost one query
+    is the attempt's recorded resume step, so the boundaries cost no query
     however many restarts the job had; only an attempt that recorded none
     (its first point says where it began) costs an index lookup of its own.
-    Rank 0 speaks for the job when it reported the metric."""
-    points = MetricPoint.objects.filter(job_id=job_id, name=name)
-    if points.filter(rank=0).exists():
-        points = points.filter(rank=0)
-    attempts = list(JobAttempt.objects.filter(job_id=job_id).order_by("-number").values_list(
-        "id", "resume_step"
-    ))
-    if not attempts:
-        return points.none()
-    # Attempts cut off at the same step share one clause; the clauses are
-    # joined once (repeated `|=` copies the whole tree each time).
+    Attempts cut off at the same step share one group."""
     by_bound: dict[int | None, list[int]] = {}
     boundary = None
     for index, (attempt_id, resume_step) in enumerate(attempts):
@@ -80,11 +92,44 @@ def effective_points(job_id: int, name: str):
                 continue  # reported nothing: it replaced nothing
             resume_step = first - 1
         boundary = resume_step if boundary is None else min(boundary, resume_step)
+    return by_bound
+
+
+@dataclass
+class Plan:
+    """What a chart of one metric reads: the speaking points (a queryset),
+    whether they are rank 0's, and the attempts grouped by cut-off step."""
+
+    points: object
+    rank0: bool
+    cuts: dict[int | None, list[int]]
+
+
+def plan(job_id: int, name: str) -> Plan | None:
+    attempts = _attempts(job_id)
+    if not attempts:
+        return None
+    points, rank0 = _speakers(job_id, name, [a for a, _ in attempts])
+    return Plan(points, rank0, _cutoffs(attempts, points))
+
+
+def effective_points(job_id: int, name: str):
+    """The points of one metric that the chart shows, as a queryset: rank 0
+    speaks for the job when it reported the metric, and the newest attempt
+    wins the steps a rollback replayed (`_cutoffs`)."""
+    chart = plan(job_id, name)
+    if chart is None:
+        return MetricPoint.objects.none()
+    return effective_points_of(chart)
+
+
+def effective_points_of(chart: Plan):
+    # The clauses are joined once (repeated `|=` copies the whole tree each time).
     clauses = [
         Q(attempt_id__in=ids) if bound is None else Q(attempt_id__in=ids, step__lte=bound)
-        for bound, ids in by_bound.items()
+        for bound, ids in chart.cuts.items()
     ]
-    return points.filter(Q(*clauses, _connector=Q.OR))
+    return chart.points.filter(Q(*clauses, _connector=Q.OR))
 
 
 def _dedupe(steps: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -105,21 +150,11 @@ def read_series(chosen) -> tuple[np.ndarray, np.ndarray]:
     return _dedupe(table[:, 0], table[:, 1])
 
 
-def _bucketed(points, lo: int, hi: int, buckets: int):
-    """Let the database cut a long series down first, in one pass: the lowest
-    and highest value of each step bucket, so spikes survive for LTTB to
-    choose from and Python never sees a million rows. Returns the steps,
-    values and the number of points the buckets hold."""
-    width = max(1, -(-(hi - lo + 1) // buckets))
-    rows = (
-        points.annotate(bucket=ExpressionWrapper(F("step") / width, output_field=IntegerField()))
-        .values("bucket")
-        .annotate(s0=Min("step"), s1=Max("step"), v0=Min("value"), v1=Max("value"),
-                  n=Count("step"))
-        .order_by("bucket")
-        .values_list("s0", "s1", "v0", "v1", "n")
-    )
-    table = np.array(list(rows), dtype=np.float64).reshape(-1, 5)
+def _extremes(table: np.ndarray):
+    """Steps and values of bucket rows (s0, s1, vmin, vmax, n) sorted by
+    step: each bucket's lowest and highest value at its middle step, so
+    spikes survive for LTTB to choose from. Returns the steps, values and the
+    number of points the buckets hold."""
     steps = np.repeat((table[:, 0] + table[:, 1]) / 2, 2)
     low, high = table[:, 2], table[:, 3]
     # Put each bucket's extremes in the order the curve runs: on a falling
@@ -131,17 +166,50 @@ def _bucketed(points, lo: int, hi: int, buckets: int):
     return steps, values, int(table[:, 4].sum())
 
 
-def series(job_id: int, name: str, points: int = DEFAULT_POINTS) -> dict:
-    chosen = effective_points(job_id, name)
+def _bucketed(points, lo: int, hi: int, buckets: int):
+    """The database cuts a long series down in one pass over its raw points:
+    only for points that have no rollups (written around jobs.ingest, e.g.
+    by hand or by a test); ingested points are read from their rollups."""
+    width = max(1, -(-(hi - lo + 1) // buckets))
+    rows = (
+        points.annotate(bucket=ExpressionWrapper(F("step") / width, output_field=IntegerField()))
+        .values("bucket")
+        .annotate(s0=Min("step"), s1=Max("step"), v0=Min("value"), v1=Max("value"),
+                  n=Count("step"))
+        .order_by("bucket")
+        .values_list("s0", "s1", "v0", "v1", "n")
+    )
+    return _extremes(np.array(list(rows), dtype=np.float64).reshape(-1, 5))
+
+
+def _raw_series(chart: Plan, points: int):
+    """The series from raw points: exact (LTTB over every step) while short."""
+    chosen = effective_points_of(chart)
     # Index lookups, not scans: the ends of the series and whether it is long.
     ordered = chosen.order_by("step").values_list("step", flat=True)
     lo, hi = ordered.first(), chosen.order_by("-step").values_list("step", flat=True).first()
     long_series = lo is not None and ordered[max(EXACT_LIMIT, 4 * points):][:1].exists()
     if long_series:
-        steps, values, total = _bucketed(chosen, lo, hi, 4 * points)
+        return _bucketed(chosen, lo, hi, 4 * points)
+    steps, values = read_series(chosen)
+    return steps, values, len(steps)
+
+
+def series(job_id: int, name: str, points: int = DEFAULT_POINTS) -> dict:
+    chart = plan(job_id, name)
+    if chart is None:
+        steps = values = np.empty(0)
+        total = 0
     else:
-        steps, values = read_series(chosen)
-        total = len(steps)
+        ids = [i for group in chart.cuts.values() for i in group]
+        rolled = rollup_reads.summary(name, chart.rank0, ids)
+        if rolled.points > max(EXACT_LIMIT, 4 * points):
+            # Two points (low and high) a bucket: 2×points buckets give LTTB
+            # 4×points to choose from, as the raw path's buckets do.
+            steps, values, total = _extremes(rollup_reads.buckets(
+                name, chart.rank0, chart.cuts, chart.points, rolled, 2 * points))
+        else:
+            steps, values, total = _raw_series(chart, points)
     xs, ys = lttb(steps, values, points)
     return {
         "name": name,

@@ -17,6 +17,7 @@ import io
 import math
 import re
 
+import numpy as np
 from django.conf import settings
 from django.http import JsonResponse
 from rest_framework import serializers
@@ -34,7 +35,9 @@ _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 BAD_STRING = "Must not contain NUL characters or unpaired surrogates (\\u0000, \\ud800-\\udfff)."
 # A number this long or with an exponent this large may overflow a double to
 # infinity (1e999), which JSON columns cannot store; only then are floats checked.
-_SUSPECT_NUMBER = re.compile(rb"\d{300}|[eE]\+?\d{3}")
+# The lookbehind starts a match only where a run of digits starts: without
+# it the search retried 300 digits from every digit of a body of numbers.
+_SUSPECT_NUMBER = re.compile(rb"(?<!\d)\d{300}|[eE]\+?\d{3}")
 BAD_NUMBER = "A finite number is required (this one overflows)."
 
 
@@ -60,10 +63,26 @@ class BoundedJSONParser(JSONParser):
             raise ParseError(too_deep_detail()) from None
         strings = _SUSPECT_ESCAPE.search(body) is not None
         numbers = _SUSPECT_NUMBER.search(body) is not None
-        # Fewer brackets than the limit cannot nest past it: skip the walk.
-        if strings or numbers or body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH:
+        # A body nested no deeper than the limit needs no walk for depth: a
+        # metric batch of 500 flat points has 500 brackets but depth 3.
+        if strings or numbers or _depth(body) > MAX_JSON_DEPTH:
             check_json(data, strings=strings)
         return data
+
+
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+
+
+def _depth(body: bytes) -> int:
+    """How deep a JSON body (already parsed, so well formed) nests: its
+    brackets outside strings, as a running sum over only them."""
+    if body.count(b"[") + body.count(b"{") <= MAX_JSON_DEPTH:
+        return 0  # fewer brackets than the limit cannot nest past it
+    brackets = np.frombuffer(_JSON_STRING.sub(b"", body).translate(None, _NOT_BRACKETS),
+                             dtype=np.uint8)
+    steps = np.where((brackets == ord("[")) | (brackets == ord("{")), 1, -1)
+    return int(np.cumsum(steps).max())
 
 
 def _label(key) -> str:

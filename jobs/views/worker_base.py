@@ -3,14 +3,18 @@ parse plain JSON by hand (no serializer machinery) and touch few rows."""
 
 from __future__ import annotations
 
-from rest_framework import serializers
+from functools import cached_property
+
+from rest_framework import exceptions, serializers
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.views import APIView
 
 from accounts.authentication import ApiTokenAuthentication
 from controlplane.lib.validation import finite_number
 
+from ..models import JobAttempt
 from ..worker_auth import IsAttemptWorker, WorkerTokenAuthentication
+from ..worker_tokens import Claim
 
 # Every worker body may say which job it is about (the trainer sends it);
 # when it does, it must be this attempt's job.
@@ -25,8 +29,19 @@ class WorkerView(APIView):
     permission_classes = [IsAttemptWorker]
 
     @property
-    def attempt(self):
+    def claim(self) -> Claim:
+        """The verified token's attempt, job and number (no database read)."""
         return self.request.auth
+
+    @cached_property
+    def attempt(self) -> JobAttempt:
+        """The attempt's row, for the endpoints that need more than its ids
+        (checkpoints, events): read once, on first use."""
+        attempt = JobAttempt.objects.select_related("job").filter(
+            pk=self.claim.attempt_id).first()
+        if attempt is None:
+            raise exceptions.AuthenticationFailed("Invalid worker token.")
+        return attempt
 
     def body(self) -> dict:
         data = self.request.data
@@ -39,8 +54,9 @@ class WorkerView(APIView):
         a `job_id` that is not this attempt's job."""
         f = Fields(self.body(), known=(*known, JOB_ID))
         job_id = f.data.get(JOB_ID)
-        if job_id not in (None, "") and str(job_id) != str(self.attempt.job_id):
-            f.errors[JOB_ID] = [f"Attempt {self.attempt.pk} belongs to job {self.attempt.job_id}."]
+        claim = self.claim
+        if job_id not in (None, "") and str(job_id) != str(claim.job_id):
+            f.errors[JOB_ID] = [f"Attempt {claim.attempt_id} belongs to job {claim.job_id}."]
         return f
 
 

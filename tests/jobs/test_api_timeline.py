@@ -5,7 +5,8 @@ from datetime import UTC, datetime
 import pytest
 
 from clusters.models import Node
-from jobs.models import AttemptNode, GoodputEntry, JobAttempt, MetricPoint, RankStatus
+from jobs import ingest
+from jobs.models import AttemptNode, GoodputEntry, JobAttempt, RankStatus
 from tests.api_factories import make_attempt, make_checkpoint, make_job
 
 
@@ -52,11 +53,10 @@ def test_checkpoints_are_listed_newest_first(api, owner, job):
 
 
 def points(job, attempt, rank, name, steps, value):
-    now = datetime.now(UTC)
-    MetricPoint.objects.bulk_create([
-        MetricPoint(job=job, attempt=attempt, rank=rank, name=name, step=s, value=value(s),
-                    time=now) for s in steps
-    ])
+    # Through the ingest path, as the worker endpoint stores them: it keeps
+    # the names table and the rollups the series and names endpoints read.
+    rows = [(rank, name, s, value(s), None) for s in steps]
+    ingest.store(job.pk, attempt.pk, rows, received=len(rows))
 
 
 def test_a_metric_series_is_downsampled_to_the_asked_points(api, owner, job):

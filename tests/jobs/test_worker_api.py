@@ -138,45 +138,66 @@ class TestMetrics:
         assert MetricPoint.objects.get(attempt=attempt, step=1).value == 1.99
 
     @pytest.mark.django_db(transaction=True)
-    def test_two_copies_racing_count_each_point_as_new_once(self, attempt, monkeypatch):
-        from django.db import connection
+    def test_two_copies_racing_count_each_point_as_new_once(self, attempt):
+        from django.db import connection, transaction
 
-        from jobs.views import worker_metrics
+        from jobs import ingest
 
         attempt, token = attempt
-        # Both copies look before either inserts: the loser's insert must
-        # collide, look again and report the points as duplicates.
-        both_looked = threading.Barrier(2, timeout=30)
-        looked = threading.local()
-        real_not_stored = worker_metrics._not_stored
-
-        def not_stored_then_wait(*args):
-            new = real_not_stored(*args)
-            if not getattr(looked, "once", False):
-                looked.once = True
-                both_looked.wait()
-            return new
-
-        monkeypatch.setattr(worker_metrics, "_not_stored", not_stored_then_wait)
+        body = self.batch(n=50)
+        rows = ingest.rows(body["points"])
         replies = []
 
         def send():
             try:
-                resp = worker_client(token).post(url(attempt, "metrics"), self.batch(n=50),
-                                                 format="json")
+                resp = worker_client(token).post(url(attempt, "metrics"), body, format="json")
                 replies.append((resp.status_code, resp.json()))
             finally:
                 connection.close()
 
-        threads = [threading.Thread(target=send) for _ in range(2)]
+        # The first copy's transaction is still open when the second
+        # arrives: the second's INSERT waits on the unique key, and once the
+        # first commits it skips every point as already stored.
+        racer = threading.Thread(target=send)
+        with transaction.atomic():
+            first = ingest.store(attempt.job_id, attempt.pk, rows, received=len(rows))
+            racer.start()
+            racer.join(timeout=0.5)
+            assert racer.is_alive(), "the second copy did not wait for the first"
+        racer.join(timeout=60)
+        assert (first.new, first.duplicates) == (50, 0)
+        assert replies == [(200, {"stored": 0, "duplicates": 50})]
+        assert MetricPoint.objects.filter(attempt=attempt).count() == 50
+
+    @pytest.mark.django_db(transaction=True)
+    def test_many_copies_sent_at_once_store_each_point_once(self, attempt):
+        from django.db import connection
+
+        attempt, token = attempt
+        body = self.batch(n=200)
+        start = threading.Barrier(6, timeout=30)
+        replies = []
+
+        def send():
+            try:
+                start.wait()
+                resp = worker_client(token).post(url(attempt, "metrics"), body, format="json")
+                replies.append((resp.status_code, resp.json()))
+            finally:
+                connection.close()
+
+        threads = [threading.Thread(target=send) for _ in range(6)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(timeout=60)
-        assert sorted(replies, key=lambda r: r[1]["stored"]) == [
-            (200, {"stored": 0, "duplicates": 50}), (200, {"stored": 50, "duplicates": 0}),
-        ]
-        assert MetricPoint.objects.filter(attempt=attempt).count() == 50
+        assert {code for code, _ in replies} == {200} and len(replies) == 6
+        assert sum(r["stored"] for _, r in replies) == 200
+        assert all(r["stored"] + r["duplicates"] == 200 for _, r in replies)
+        assert MetricPoint.objects.filter(attempt=attempt).count() == 200
+        # The rollups counted every point once too.
+        from jobs.models import MetricRollup
+        assert MetricRollup.objects.filter(attempt=attempt, level=16384).get().n == 200
 
     def test_a_batch_over_the_limit_gets_413(self, attempt):
         attempt, token = attempt

@@ -1,0 +1,191 @@
+"""Metric ingestion: a batch of points stored in one statement, idempotently.
+
+The hot path of the control plane (every rank of every job, every few
+seconds), so no ORM objects are built: the points are checked by plain type
+tests and written with a raw cursor under `INSERT ... ON CONFLICT DO NOTHING
+RETURNING`. The unique key (attempt, rank, name, step) makes a retried
+batch, or two copies racing, store each point once; the RETURNING rows are
+exactly the points that were new, so the reply's counts and the rollups
+added from them (jobs/rollups.py) are exact too.
+
+PostgreSQL: one statement (`_PG_STORE`), the points as five arrays bound in
+binary through `unnest`, so its text is the same for every batch size; a
+VALUES list bound by Django's client-side cursor spent a third of a
+500-point batch quoting parameters in Python. COPY was not tried: it cannot
+skip conflicts, so it would need a temporary table and a second INSERT ...
+SELECT, for batches of at most 5,000 points. SQLite (3.35+: ON CONFLICT,
+RETURNING): a VALUES list and the same writes as three statements of one
+transaction.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import psycopg
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from . import rollups
+
+MAX_BATCH = 5000
+# The last second a datetime can hold (9999-12-31T23:59:59Z).
+MAX_TIME = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
+POINT_FIELDS = frozenset(("rank", "name", "step", "value", "time"))
+MAX_RANK = 65535
+MAX_STEP = 2**31 - 1
+MAX_NAME = 64
+# SQLite takes at most 32766 parameters a statement (7 a point).
+_POINTS_PER_STATEMENT = 2000
+_INSERT = ("INSERT INTO jobs_metricpoint (job_id, attempt_id, rank, name, step, value, time) "
+           "VALUES {values} ON CONFLICT (attempt_id, rank, name, step) DO NOTHING "
+           "RETURNING rank, name, step, value")
+_PG_STORE = (
+    "WITH new AS ("
+    " INSERT INTO jobs_metricpoint (job_id, attempt_id, rank, name, step, value, time)"
+    " SELECT %(job)s, %(attempt)s, r, n, s, v, COALESCE(to_timestamp(t), now())"
+    " FROM unnest(%(ranks)b::int[], %(names)b::text[], %(steps)b::int[],"
+    " %(values)b::float8[], %(times)b::float8[]) AS u(r, n, s, v, t)"
+    " ON CONFLICT (attempt_id, rank, name, step) DO NOTHING"
+    " RETURNING rank, name, step, value"
+    "), roll AS ("
+    f" INSERT INTO {rollups.TABLE} ({','.join(rollups.COLUMNS)})"
+    " SELECT %(attempt)s, name, rank = 0, l.level, step / l.level, min(step), max(step),"
+    " min(value), max(value), sum(value), count(*),"
+    " (array_agg(value ORDER BY step DESC, rank))[1]"
+    " FROM new CROSS JOIN unnest(%(levels)s::int[]) AS l(level)"
+    " GROUP BY name, rank = 0, l.level, step / l.level"
+    " ORDER BY name, rank = 0, l.level, step / l.level "
+    f"{rollups.ON_CONFLICT}"
+    "), named AS ("
+    " INSERT INTO jobs_metricname (job_id, name) SELECT DISTINCT %(job)s, name FROM new"
+    " ORDER BY 2 ON CONFLICT (job_id, name) DO NOTHING"
+    ") SELECT count(*) FROM new"
+)
+# DO NOTHING takes no lock on a name already there, so the ranks of one job
+# never queue on its names. Run on every batch with new points: a cache of
+# the names known to be stored would go stale where ids are reused (SQLite
+# hands a deleted job's id to the next one).
+_NAMES = ("INSERT INTO jobs_metricname (job_id, name) VALUES {values} "
+          "ON CONFLICT (job_id, name) DO NOTHING")
+
+
+class AttemptGone(Exception):
+    """The attempt's row no longer exists (its job was deleted)."""
+
+
+@dataclass
+class Stored:
+    new: int
+    duplicates: int
+
+
+def _number(value) -> bool:
+    # An int past a double's range would overflow isfinite: not a finite number either.
+    try:
+        return type(value) in (int, float) and math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def point_ok(point) -> bool:
+    """Whether a point is well formed, by plain type tests (the slow path in
+    jobs/views/worker_metrics.py names what is wrong with one that is not)."""
+    if type(point) is not dict or not point.keys() <= POINT_FIELDS:
+        return False
+    rank, name, step = point.get("rank"), point.get("name"), point.get("step")
+    when = point.get("time")
+    return (
+        type(rank) is int and 0 <= rank <= MAX_RANK
+        and type(name) is str and 0 < len(name) <= MAX_NAME
+        and type(step) is int and 0 <= step <= MAX_STEP
+        and _number(point.get("value"))
+        and (when is None or (_number(when) and 0 <= when <= MAX_TIME))
+    )
+
+
+def rows(points: list) -> list[tuple[int, str, int, float, float | None]]:
+    """Checked points as (rank, name, step, value, time); the first of a
+    point repeated in the batch wins."""
+    seen: dict[tuple, tuple] = {}
+    for p in points:
+        rank, name, step = p["rank"], p["name"], p["step"]
+        when = p.get("time")
+        seen.setdefault((rank, name, step), (rank, name, step, float(p["value"]),
+                                             None if when is None else float(when)))
+    return list(seen.values())
+
+
+def store(job_id: int, attempt_id: int, points: list[tuple], received: int) -> Stored:
+    """Store the new points of a batch and add them to the rollups, in one
+    transaction. `received` counts the batch's points before in-batch
+    repeats were dropped. Raises AttemptGone if the attempt's row is gone."""
+    ordered = sorted(points, key=_key)  # one lock order for every copy of a batch
+    try:
+        if connection.vendor == "postgresql":
+            new = _store_postgres(job_id, attempt_id, ordered)
+        else:
+            new = len(_store_portable(job_id, attempt_id, ordered))
+    except IntegrityError as exc:
+        # Only foreign keys can fail here: conflicts on the unique key are skipped.
+        raise AttemptGone(attempt_id) from exc
+    return Stored(new=new, duplicates=received - new)
+
+
+def _store_postgres(job_id: int, attempt_id: int, points: list[tuple]) -> int:
+    """One statement, so one round trip and one commit: the points go in as
+    five arrays (the statement's text is the same for every batch size), and
+    the rollups and names are written by data-modifying CTEs from exactly
+    the rows the INSERT returned."""
+    columns = list(zip(*points, strict=True)) if points else [()] * 5
+    ranks, names, steps, values, times = (list(c) for c in columns)
+    connection.ensure_connection()
+    # Server-side binding, the arrays in binary (%b): Django's own cursor
+    # binds on the client, quoting every element in Python (a third of a
+    # 500-point batch's time). Wrapped as Django wraps its cursors, so errors
+    # are Django's and the statement is seen by query logging and counting.
+    with connection._prepare_cursor(psycopg.Cursor(connection.connection)) as cursor:
+        cursor.execute(_PG_STORE, {
+            "job": job_id, "attempt": attempt_id, "ranks": ranks, "names": names,
+            "steps": steps, "values": values, "times": times, "levels": list(rollups.LEVELS),
+        })
+        return cursor.fetchone()[0]
+
+
+def _store_portable(job_id: int, attempt_id: int, points: list[tuple]) -> list[tuple]:
+    """SQLite: the same writes as statements of one transaction, the rollups
+    aggregated here from the rows the INSERT returned."""
+    stamp = connection.ops.adapt_datetimefield_value
+    now = stamp(timezone.now())
+    params = []
+    for rank, name, step, value, when in points:
+        params += (job_id, attempt_id, rank, name, step, value,
+                   now if when is None else stamp(datetime.fromtimestamp(when, UTC)))
+    with transaction.atomic(), connection.cursor() as cursor:
+        new = _insert(cursor, params)
+        rollups.add(cursor, rollups.aggregate(attempt_id, new))
+        if new:
+            _add_names(cursor, job_id, sorted({row[1] for row in new}))
+    return new
+
+
+def _key(row):
+    return row[:3]
+
+
+def _insert(cursor, params: list) -> list[tuple]:
+    new = []
+    width = 7 * _POINTS_PER_STATEMENT
+    for lo in range(0, len(params), width):
+        chunk = params[lo:lo + width]
+        values = ",".join(["(%s,%s,%s,%s,%s,%s,%s)"] * (len(chunk) // 7))
+        cursor.execute(_INSERT.format(values=values), chunk)
+        new += cursor.fetchall()
+    return new
+
+
+def _add_names(cursor, job_id: int, names: list[str]) -> None:
+    values = ",".join(["(%s,%s)"] * len(names))
+    cursor.execute(_NAMES.format(values=values), [v for name in names for v in (job_id, name)])
