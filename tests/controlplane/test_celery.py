@@ -60,6 +60,7 @@ def test_every_beat_entry_expires_and_names_a_real_task():
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_a_real_worker_on_the_real_broker_runs_the_sweep_end_to_end(cluster):
     """beat's sweep → broker → worker → sweep task → reconcile task → database."""
     from clusters.models import Cluster

@@ -7,11 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = r'''
 import importlib, os, pkgutil, sys, tempfile
 from pathlib import Path
+
+import pytest
 sys.modules["torch"] = None  # any `import torch` now raises ImportError
 os.environ["DJANGO_SETTINGS_MODULE"] = "controlplane.settings"
 os.environ["REGATTA_STATE_DIR"] = tempfile.mkdtemp()
@@ -43,6 +47,7 @@ print("modules", seen)
 '''
 
 
+@pytest.mark.slow
 def test_the_control_plane_imports_and_exports_without_torch():
     result = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True,
                             text=True, timeout=180)

@@ -35,6 +35,7 @@ def test_the_demo_world_is_created_once_however_often_it_runs(db):
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 def test_the_demo_job_is_submitted_before_any_broker_runs(tmp_path):
     """`make run` creates the demo world, job included, before regatta_up
     starts the embedded broker: the submit must not need the broker (the

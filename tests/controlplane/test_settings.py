@@ -91,6 +91,7 @@ def _django_check(env_overrides):
     )
 
 
+@pytest.mark.slow
 def test_a_bad_database_url_stops_the_process_at_start_naming_it(tmp_path):
     result = _django_check({"DATABASE_URL": "mysql://x", "REGATTA_STATE_DIR": str(tmp_path)})
     assert result.returncode != 0
@@ -104,6 +105,7 @@ def test_a_bad_database_url_stops_the_process_at_start_naming_it(tmp_path):
     ({"REGATTA_BIND": "8000"}, "REGATTA_BIND must be host:port"),
     ({"REGATTA_BIND": "127.0.0.1:port"}, "REGATTA_BIND must end in a port"),
 ])
+@pytest.mark.slow
 def test_a_malformed_value_stops_the_process_at_start_naming_it(tmp_path, env, fragment):
     result = _django_check({**env, "REGATTA_STATE_DIR": str(tmp_path)})
     assert result.returncode != 0
@@ -129,6 +131,7 @@ def test_the_run_command_refuses_a_malformed_bind_argument():
         parser.parse_args(["--bind", "127.0.0.1:http"])
 
 
+@pytest.mark.slow
 def test_a_bad_sweep_interval_stops_the_process_at_start_naming_it(tmp_path):
     result = _django_check(
         {"REGATTA_SWEEP_INTERVAL_S": "soon", "REGATTA_STATE_DIR": str(tmp_path)}
@@ -137,6 +140,7 @@ def test_a_bad_sweep_interval_stops_the_process_at_start_naming_it(tmp_path):
     assert "REGATTA_SWEEP_INTERVAL_S must be a number" in result.stderr
 
 
+@pytest.mark.slow
 def test_with_nothing_set_it_uses_sqlite_in_wal_mode_and_the_embedded_broker(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env["REGATTA_STATE_DIR"] = str(tmp_path)
@@ -171,6 +175,7 @@ def _secret_key_of(state_dir, **env):
     return out.stdout.strip()
 
 
+@pytest.mark.slow
 def test_with_no_secret_key_each_state_folder_gets_its_own_random_one_kept_private(tmp_path):
     first = _secret_key_of(tmp_path / "a")
     assert first == _secret_key_of(tmp_path / "a")  # web, worker and beat agree

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]  # builds and installs wheels
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER_IMAGE = ROOT / "worker_image"
