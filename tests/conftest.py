@@ -1,6 +1,16 @@
 """Shared fixtures: the real broker, and the personas every authorization
 test uses (an owner, a teammate, an outsider, an operator, anonymous)."""
 
+import os
+
+# One intra-op thread for the torch the tests run in process: the suite runs
+# on a few cores beside its own rank processes, Redis and PostgreSQL (and on
+# one xdist worker per core), where torch's spinning OpenMP threads wait on
+# each other: a nano model's forward took 185 ms with two threads on a loaded
+# 2-core machine and 7 ms with one. Set before anything imports torch; the
+# local fleet's ranks already get the same from the provider.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import pytest
 from django.conf import settings
 from rest_framework.test import APIClient

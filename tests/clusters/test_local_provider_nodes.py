@@ -83,6 +83,7 @@ def test_cordon_and_uncordon_mark_the_node_unschedulable(fleet):
         fleet.cordon(pool, "lab-a-9")
 
 
+@pytest.mark.slow  # starts three Python processes
 def test_several_processes_listing_at_once_provision_the_pool_once(fleet):
     script = (
         "import sys; from pathlib import Path;"
