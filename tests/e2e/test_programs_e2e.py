@@ -6,6 +6,9 @@ mid-run."""
 
 import hashlib
 import io
+import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,7 @@ from clusters.models import Node
 from clusters.providers import pool_info
 from jobs.checkpointing import job_checkpoint_uri
 from jobs.models import MetricPoint, Phase, TrainingJob
+from tests.worker_image.helpers import TORCHRUN, free_port
 
 from .test_failures_e2e import refreshed, running
 
@@ -88,8 +92,26 @@ def download_model(api, django_user_model, job) -> dict:
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 
-@pytest.mark.timeout(300)
-def test_the_sdk_script_reports_resumes_verified_and_exports(fleet):
+def uninterrupted(tmp_path, script: str, **hyper) -> dict:
+    """The same script under plain torchrun on one node, never stopped: its
+    final exported weights."""
+    folder = tmp_path / "uninterrupted"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REGATTA_")}
+    # The local fleet's ranks run with one thread each: the same kernels here.
+    env.update(OMP_NUM_THREADS="1", REGATTA_CHECKPOINT_URI=str(folder / "ckpt"),
+               REGATTA_CONFIG=json.dumps(hyper))
+    proc = subprocess.run(
+        [TORCHRUN, "--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
+         f"--rdzv-endpoint=127.0.0.1:{free_port()}", str(EXAMPLES / script)],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    final = folder / "ckpt" / f"step-{hyper['steps']}" / "export" / "model.pt"
+    return torch.load(final, map_location="cpu", weights_only=True)
+
+
+@pytest.mark.timeout(420)
+def test_the_sdk_script_reports_resumes_verified_and_exports(fleet, api, django_user_model,
+                                                             tmp_path):
     cluster = fleet.cluster()
     job = submit_program(fleet, cluster, "train_ddp_sdk.py", steps=300, sleep=0.1)
 
@@ -108,6 +130,12 @@ def test_the_sdk_script_reports_resumes_verified_and_exports(fleet):
     assert refreshed(job).current_step == 300
     artifact = ModelArtifact.objects.get(job=job)
     assert artifact.checkpoint.step == 300 and artifact.format == "torch"
+
+    # Killed, resumed on another node, and still bitwise the run that never stopped.
+    resumed = download_model(api, django_user_model, job)
+    plain = uninterrupted(tmp_path, "train_ddp_sdk.py", steps=300)
+    assert resumed.keys() == plain.keys()
+    assert all(torch.equal(resumed[k], plain[k]) for k in plain)
 
 
 @pytest.mark.timeout(360)
