@@ -62,6 +62,8 @@ def main() -> None:
         if rank == 0:
             print(f"resumed from {path}", flush=True)
     for step in range(start + 1, args.steps + 1):
+        # The batch follows the step, not one RNG stream: a run resumed at step N
+        # sees the batches an uninterrupted run sees, with nothing else to restore.
         g = torch.Generator().manual_seed(step * 1000 + rank)
         x = torch.randn(16, 32, generator=g).to(device)
         loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))

@@ -44,6 +44,8 @@ def main() -> None:
     state = regatta.ModelState(model, opt)  # regatta
     start = r.step if (r := run.resume(state)) else 0  # regatta: the verified checkpoint
     for step in range(start + 1, args.steps + 1):
+        # The batch follows the step, not one RNG stream: a run resumed at step N
+        # sees the batches an uninterrupted run sees, with nothing else to restore.
         g = torch.Generator().manual_seed(step * 1000 + run.rank)
         x = torch.randn(16, 32, generator=g).to(device)
         loss = torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True))

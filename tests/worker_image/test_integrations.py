@@ -1,5 +1,6 @@
 """The framework callbacks (regatta.integrations) in the examples that use
-them, examples/hf_trainer.py and examples/lightning_train.py, under real
+them, examples/hf_trainer.py and examples/lightning_train.py, and the Hugging
+Face callback under TRL's SFTTrainer (programs/trl_sft.py), under real
 torchrun ranks (gloo): alone, on SIGTERM, and against a real HTTP server
 standing in for the control plane. No mocks: the real Trainer, the real SDK."""
 
@@ -20,13 +21,15 @@ from .helpers import TORCHRUN, free_port
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-FRAMEWORKS = {"hf": "hf_trainer.py", "lightning": "lightning_train.py"}
-# Found, not imported: the ranks import them, the test process needs neither.
-if not all(importlib.util.find_spec(m) for m in ("transformers", "accelerate", "lightning")):
+FRAMEWORKS = {"hf": EXAMPLES / "hf_trainer.py", "lightning": EXAMPLES / "lightning_train.py",
+              "trl": Path(__file__).parent / "programs" / "trl_sft.py"}
+# Found, not imported: the ranks import them, the test process needs none.
+if not all(importlib.util.find_spec(m)
+           for m in ("transformers", "accelerate", "lightning", "trl", "datasets")):
     # The test extra pins them (`make install`): missing is a broken set-up,
     # not a reason to pass quietly.
-    pytest.fail("transformers, accelerate and lightning are missing: run `make install`",
-                pytrace=False)
+    pytest.fail("transformers, accelerate, lightning, trl or datasets is missing: "
+                "run `make install`", pytrace=False)
 
 
 class Job:
@@ -47,7 +50,7 @@ class Job:
             self.proc = subprocess.Popen(
                 [TORCHRUN, "--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
                  f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--monitor-interval=0.2",
-                 str(EXAMPLES / FRAMEWORKS[framework])],
+                 str(FRAMEWORKS[framework])],
                 env=base, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder,
                 start_new_session=True)
 
@@ -69,7 +72,7 @@ class Job:
 
 def saved_step(framework: str, step_dir: Path) -> int:
     """The step the framework itself recorded in the committed checkpoint."""
-    if framework == "hf":
+    if framework in ("hf", "trl"):  # an SFTTrainer is a Trainer
         return json.loads((step_dir / "trainer_state.json").read_text())["global_step"]
     import torch
 
@@ -91,7 +94,7 @@ def test_it_commits_verified_checkpoints_and_reports_them_and_its_metrics(
         assert store.verify(step, deep=True) == (True, "ok")
         assert saved_step(framework, ckpt / f"step-{step}") == step
     files = set(store.read_manifest(8)["files"])
-    if framework == "hf":  # the Trainer's folder whole, each rank's RNG state included
+    if framework in ("hf", "trl"):  # the Trainer's folder whole, each rank's RNG state included
         assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json",
                 "rng_state_0.pth", "rng_state_1.pth"} <= files
     else:
@@ -144,6 +147,29 @@ def test_sigterm_gives_an_emergency_checkpoint_exit_83_and_a_rerun_resumes_from_
     assert [r["body"]["step"] for r in control_plane.of_kind("checkpoints")] == [stopped + 2]
     assert store.committed_steps()[-1] == stopped + 2
     assert saved_step(framework, ckpt / f"step-{stopped + 2}") == stopped + 2
+
+
+def test_an_sft_run_resumes_from_the_checkpoint_the_control_plane_chose(
+        tmp_path, control_plane):
+    """Not the newest: a relaunch is told which verified checkpoint to load
+    (REGATTA_RESUME_URI), and the SFTTrainer goes on from that one."""
+    ckpt = tmp_path / "ckpt"
+    first = Job(tmp_path, "trl", "first", ckpt, steps=8).wait()
+    assert first.proc.returncode == 0, first.log()[-3000:]
+    store = open_storage(str(ckpt))
+    assert store.committed_steps() == [4, 8]
+
+    rerun = Job(tmp_path, "trl", "rerun", ckpt, steps=10, every=0,
+                env={**control_plane.env(), "REGATTA_RESUME_URI": str(ckpt / "step-4")}).wait()
+
+    assert rerun.proc.returncode == 0, rerun.log()[-3000:]
+    resumed = [r["body"]["data"]["step"] for r in control_plane.of_kind("events")
+               if r["body"]["kind"] == "resumed"]
+    assert resumed == [4]
+    points = [p for r in control_plane.of_kind("metrics") for p in r["body"]["points"]]
+    assert sorted({p["step"] for p in points if p["name"] == "loss"}) == list(range(5, 11))
+    assert store.verify(10, deep=True) == (True, "ok")
+    assert saved_step("trl", ckpt / "step-10") == 10
 
 
 def test_importing_regatta_needs_no_framework(tmp_path):
