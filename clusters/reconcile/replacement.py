@@ -29,10 +29,12 @@ from clusters.models import Node, NodeEvent, NodeHealthEvent
 from clusters.providers import get_provider, pool_info
 from controlplane.lib.errors import IllegalTransition
 
+from .scaling import backoff_left, note_asked
+
 log = logging.getLogger(__name__)
 
-# A provider call running longer than this (at least twice the pool's
-# `replace_timeout_s`) is taken for dead, and the replacement asked again.
+# A provider call running longer than this is taken for dead, and the
+# replacement asked again (a call is a few requests: it never waits).
 REPLACE_LEASE_S = 600.0
 ASKED = "replacement asked of the provider"
 
@@ -173,8 +175,9 @@ def _ask_provider(node: Node, reason: str, now) -> Node | None:
         return None
     # Only the ask this pass made is settled: a later one keeps its own mark.
     Node.objects.filter(pk=node.pk, replace_requested_at=asked_at).update(
-        replace_requested_at=None, replace_asked_at=None, replace_error="",
-        replace_failed_at=None, replace_failures=0)
+        replace_requested_at=None, replace_error="", replace_failed_at=None,
+        replace_failures=0)
+    note_asked(pool, now)
     NodeEvent.objects.create(node=node, from_state=node.state, to_state=node.state,
                              reason=f"the provider replaced it with {info.name}" if info
                              else "the provider took it back; the new machine comes later",
@@ -217,11 +220,6 @@ ASK_BACKOFF_S = 30.0
 ASK_BACKOFF_MAX_S = 1800.0
 
 
-def _lease_s(pool) -> float:
-    # Only providers that wait for a new machine have the setting (AWS pools).
-    return max(REPLACE_LEASE_S, 2 * getattr(pool.config, "replace_timeout_s", 300.0))
-
-
 def _ask_due(node: Node, now, lease_s: float) -> bool:
     if node.replace_asked_at is None:
         return True  # claimed by a job's pass, never asked
@@ -237,8 +235,12 @@ def ask_owed_replacements(pool, now) -> list[Node]:
     """Ask the provider for claimed nodes it has not replaced: claimed by a
     job's pass and never asked, failed (again after a backoff), or asked by a
     pass that died (past a lease). Each ask is claimed by moving
-    `replace_asked_at` on, so two passes never both ask."""
-    lease_s = _lease_s(pool)
+    `replace_asked_at` on, so two passes never both ask. None while the
+    pool's launches fail and it backs off (scaling.py): each would be one
+    more machine taken away with no successor coming."""
+    if backoff_left(pool, now) > 0:
+        return []
+    lease_s = REPLACE_LEASE_S
     owed = Node.objects.filter(pool=pool, state=Node.State.REPLACED,
                                replace_requested_at__isnull=False)
     done = []
