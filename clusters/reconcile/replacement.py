@@ -80,7 +80,7 @@ def take_out(node: Node, reason: str, evidence: dict, now, *, replace_reason: st
     if not ask_provider:
         wake.cluster(node.cluster_id)  # the cluster reconcile asks the provider soon
         return TakenOut(cordoned, spare, None)
-    return TakenOut(cordoned, spare, _ask_provider(node, replace_reason, now))
+    return TakenOut(cordoned, spare, _ask_now_or_later(node, replace_reason, now))
 
 
 def _cordon_row(node: Node, reason: str, evidence: dict, now, health_kind: str | None,
@@ -155,6 +155,20 @@ def _claim(node: Node, reason: str, now) -> tuple[bool, Node | None]:
     return True, spare
 
 
+def _ask_now_or_later(node: Node, reason: str, now) -> Node | None:
+    """Ask at once, unless the pool backs off after failed launches: then
+    the ask stays owed (`replace_requested_at`) for `ask_owed_replacements`,
+    rather than take one more machine away with no successor coming."""
+    left = backoff_left(node.pool, now)
+    if left <= 0:
+        return _ask_provider(node, reason, now)
+    NodeEvent.objects.create(
+        node=node, from_state=node.state, to_state=node.state,
+        reason=f"replacement deferred {left:.0f} s: the pool's launches fail"[:300],
+        evidence={"error": node.pool.scaling_error[:1000]}, created_at=now)
+    return None
+
+
 def _ask_provider(node: Node, reason: str, now) -> Node | None:
     """The claimed node's provider call; the new machine it returns joins as a spare."""
     pool = node.pool
@@ -211,7 +225,7 @@ def replace_node(node: Node, reason: str, now) -> tuple[Node | None, Node | None
     claimed, spare = _claim(node, reason, now)
     if not claimed:
         return Node.objects.filter(replaces=node).order_by("id").first(), None
-    return spare, _ask_provider(node, reason, now)
+    return spare, _ask_now_or_later(node, reason, now)
 
 
 # After the provider failed a replacement, it is asked again after this long,
