@@ -8,6 +8,7 @@ the Kubernetes API server where the two meet.
 import json
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -16,6 +17,7 @@ from clusters.providers.kubernetes import KubernetesProvider, KubeSettings
 from controlplane.lib.errors import PermanentError
 from tests.clusters.test_kubernetes_manifests import make_pool
 from tests.support import k8s_standin as st
+from tests.support.asg_standin import AsgStandIn, activity, insufficient_capacity
 from tests.support.aws_standin import (  # noqa: F401  (fixtures)
     REGION,
     aws,
@@ -362,3 +364,80 @@ def test_our_notice_behind_150_of_other_clusters_is_a_signal_on_the_first_sweep(
     assert calls.count("DescribeAutoScalingGroups") == 1
     assert len(calls) == 36
     assert counts(sqs, url) == (0, 150)  # theirs left, hidden, for their owner
+
+
+# --- what the group did with our asks (tests/support/asg_standin.py serves
+# the scaling activities, lifecycle hooks and the group that cannot launch) ---
+
+@pytest.fixture
+def asg(aws):  # noqa: F811
+    with AsgStandIn(aws) as proxy:
+        yield proxy
+
+
+def through(asg):
+    return AwsProvider.for_settings(KubeSettings.parse({"region": REGION,
+                                                         "endpoint_url": asg.url}))
+
+
+def test_scaling_status_reports_failed_launches_since_the_ask(aws, asg, group):  # noqa: F811
+    make_group(aws, group)
+    asked = datetime.now(UTC)
+    asg.activities[group] = [
+        insufficient_capacity(group, at=asked - timedelta(hours=1)),  # before our ask
+        insufficient_capacity(group, at=asked + timedelta(seconds=5)),
+        activity(group, "Cancelled", "The launch template lt-0abc does not exist. "
+                 "Launching EC2 instance failed.", at=asked + timedelta(seconds=9)),
+    ]
+    asg.starve(group)
+    client("autoscaling", aws).set_desired_capacity(AutoScalingGroupName=group,
+                                                    DesiredCapacity=3)
+
+    status = through(asg).scaling_status(asg_pool(group), asked)
+
+    assert not status.settled  # two of three instances: the group is short
+    capacity, template = status.failures
+    assert capacity.status == "Failed" and not capacity.permanent
+    assert "sufficient p5.48xlarge capacity" in capacity.message
+    assert template.status == "Cancelled" and template.permanent
+    asg.feed(group)
+    asg.activities[group].append(activity(group, "Successful", at=asked + timedelta(seconds=30)))
+    assert through(asg).scaling_status(asg_pool(group), asked).settled
+
+
+def test_provision_asks_no_more_while_the_group_is_short(aws, asg, group):  # noqa: F811
+    make_group(aws, group, size=2, max_size=6)
+    provider = through(asg)
+    assert provider.provision(asg_pool(group)) is not None and desired(aws, group) == 3
+    asg.starve(group)
+    client("autoscaling", aws).set_desired_capacity(AutoScalingGroupName=group,
+                                                    DesiredCapacity=4)
+    assert provider.provision(asg_pool(group)) is None
+    assert desired(aws, group) == 4  # not 5: the group has yet to launch the last ask
+
+
+def test_release_completes_the_termination_hook_of_our_instance(aws, asg, group):  # noqa: F811
+    ids = make_group(aws, group)
+    provider = through(asg)
+    assert provider.release(asg_pool(group), f"aws:///{REGION}a/{ids[0]}") == ""  # no hook
+    client("autoscaling", aws).put_lifecycle_hook(
+        LifecycleHookName="drain", AutoScalingGroupName=group,
+        LifecycleTransition="autoscaling:EC2_INSTANCE_TERMINATING")
+    provider.replace(asg_pool(group), f"aws:///{REGION}a/{ids[0]}")
+    assert ids[0] in asg.held  # Terminating:Wait
+
+    done = provider.release(asg_pool(group), f"aws:///{REGION}a/{ids[0]}")
+
+    assert "completed" in done and ids[0] not in asg.held
+    assert [(c["InstanceId"], c["LifecycleActionResult"]) for c in asg.completed] == [
+        (ids[0], "CONTINUE")]
+    # Gone from the group now: nothing holds it, nothing is called.
+    assert provider.release(asg_pool(group), f"aws:///{REGION}a/{ids[0]}") == ""
+    assert len(asg.completed) == 1
+
+
+def test_a_lifecycle_action_completed_by_someone_else_is_not_an_error(aws, asg, group):  # noqa: F811
+    make_group(aws, group)
+    asg.held["i-0123456789abcdef0"] = "elsewhere"  # held by another group: AWS says no
+    through(asg)._complete(group, "drain", "i-0123456789abcdef0")
+    assert asg.completed == []

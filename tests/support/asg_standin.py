@@ -183,10 +183,12 @@ class AsgStandIn:
     def _complete(self, request, form: dict) -> None:
         iid = form.get("InstanceId", "")
         with self._lock:
-            group = self.held.pop(iid, None)
-            if group is not None:
+            group = self.held.get(iid)
+            ours = group is not None and group == form.get("AutoScalingGroupName")
+            if ours:
+                del self.held[iid]
                 self.completed.append(form)
-        if group is None or group != form.get("AutoScalingGroupName"):
+        if not ours:
             root = ET.Element(f"{{{NS}}}ErrorResponse")
             error = ET.SubElement(root, f"{{{NS}}}Error")
             ET.SubElement(error, f"{{{NS}}}Type").text = "Sender"
