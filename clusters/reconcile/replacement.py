@@ -252,11 +252,11 @@ def ask_owed_replacements(pool, now) -> list[Node]:
     `replace_asked_at` on, so two passes never both ask. None while the
     pool's launches fail and it backs off (scaling.py): each would be one
     more machine taken away with no successor coming."""
-    if backoff_left(pool, now) > 0:
+    owed = list(Node.objects.filter(pool=pool, state=Node.State.REPLACED,
+                                    replace_requested_at__isnull=False))
+    if not owed or backoff_left(pool, now) > 0:
         return []
     lease_s = REPLACE_LEASE_S
-    owed = Node.objects.filter(pool=pool, state=Node.State.REPLACED,
-                               replace_requested_at__isnull=False)
     done = []
     for node in owed:
         if not _ask_due(node, now, lease_s):

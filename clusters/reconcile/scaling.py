@@ -27,7 +27,7 @@ from datetime import timedelta
 from django.db.models import F
 
 from clusters.models import Node, NodeEvent, NodePool
-from controlplane.lib.errors import TemporaryError
+from controlplane.lib.errors import PermanentError, TemporaryError
 
 from ..workload import jobs_on
 
@@ -72,7 +72,12 @@ def watch_scaling(pool: NodePool, provider, info, now) -> None:
     since = pool.scaling_watch_since
     if since is None:
         return
-    status = provider.scaling_status(info, since)
+    try:
+        status = provider.scaling_status(info, since)
+    except (PermanentError, TemporaryError) as exc:
+        # Read again next pass; the rest of the pass must not wait on it.
+        log.warning("pool %s: scaling activities not read: %s", pool, exc)
+        return
     seen = list(pool.scaling_seen or [])
     new = [f for f in status.failures if f.activity_id not in seen]
     if new:
@@ -136,7 +141,11 @@ def release_retired(pool: NodePool, provider, info, now) -> None:
     for node in owed:
         if busy.get(node.id):
             continue  # its gang is still leaving: the drain is not done
-        done = provider.release(info, node.name, node.provider_id)
+        try:
+            done = provider.release(info, node.name, node.provider_id)
+        except (PermanentError, TemporaryError) as exc:
+            log.warning("node %s: machine not released: %s", node.name, exc)
+            continue
         if done is None:
             continue  # not at its hook yet: a later pass
         if Node.objects.filter(pk=node.pk, released_at__isnull=True).update(
