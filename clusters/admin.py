@@ -6,10 +6,15 @@ from . import services
 from .models import Cluster, Node, NodeEvent, NodeHealthEvent, NodePool
 from .providers import FaultKind
 
+# Written by the cluster reconciler only (clusters/reconcile/scaling.py).
+POOL_STATUS = ("scaling_watch_since", "scaling_failures", "scaling_failed_at", "scaling_error",
+               "scaling_permanent", "scaling_seen")
+
 
 class NodePoolInline(admin.TabularInline):
     model = NodePool
     extra = 0
+    readonly_fields = POOL_STATUS
 
 
 @admin.register(Cluster)
@@ -23,8 +28,9 @@ class ClusterAdmin(admin.ModelAdmin):
 @admin.register(NodePool)
 class NodePoolAdmin(admin.ModelAdmin):
     list_display = ("__str__", "instance_type", "gpus_per_node", "capacity_type", "size",
-                    "spare_count")
+                    "spare_count", "scaling_failures", "scaling_error")
     list_filter = ("cluster", "capacity_type")
+    readonly_fields = POOL_STATUS
 
 
 class NodeEventInline(admin.TabularInline):
@@ -81,7 +87,7 @@ class NodeAdmin(admin.ModelAdmin):
     search_fields = ("name", "provider_id")
     readonly_fields = ("state", "state_reason", "state_changed_at", "last_heartbeat_at",
                        "failure_count", "ready_seconds", "replaces", "replace_requested_at",
-                       "preflight_passed_at")
+                       "preflight_passed_at", "released_at")
     inlines = [NodeEventInline]
     actions = ["cordon", "uncordon", "replace"] + [
         _fault_action(kind) for kind in (FaultKind.KILL, FaultKind.HANG, FaultKind.XID,

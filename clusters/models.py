@@ -70,6 +70,17 @@ class NodePool(models.Model):
     tolerations = models.JSONField(default=list, blank=True)
     # The provider's pool keys, e.g. {"asg_name": "..."}; read through `config`.
     settings = models.JSONField(default=dict, blank=True)
+    # Status of the pool's asks for capacity (clusters/reconcile/scaling.py):
+    # since when the provider's account of them is read (None: nothing
+    # asked is on its way), its failures in a row (an Auto Scaling group's
+    # failed launches), the last one's time and message, and the ids of those
+    # recorded already. No ask is made before the backoff after a failure.
+    scaling_watch_since = models.DateTimeField(null=True, blank=True)
+    scaling_failures = models.PositiveIntegerField(default=0)
+    scaling_failed_at = models.DateTimeField(null=True, blank=True)
+    scaling_error = models.TextField(blank=True)
+    scaling_permanent = models.BooleanField(default=False)
+    scaling_seen = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["cluster__name", "name"]
@@ -185,6 +196,9 @@ class Node(models.Model):
     replace_failures = models.PositiveIntegerField(default=0)
     replace_error = models.TextField(blank=True)
     replace_failed_at = models.DateTimeField(null=True, blank=True)
+    # When the provider let the retired machine go once its drain was done
+    # (an Auto Scaling termination hook completed); None while still owed.
+    released_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

@@ -11,10 +11,13 @@ from .base import (
     PoolInfo,
     PreflightResult,
     Provider,
+    ScalingFailure,
+    ScalingStatus,
 )
 from .registry import get_provider, pool_info
 
 __all__ = [
     "AttemptStatus", "FaultKind", "HealthSignal", "LaunchRequest", "NodeInfo", "NodeProcess",
-    "Placement", "PoolInfo", "PreflightResult", "Provider", "get_provider", "pool_info",
+    "Placement", "PoolInfo", "PreflightResult", "Provider", "ScalingFailure", "ScalingStatus",
+    "get_provider", "pool_info",
 ]

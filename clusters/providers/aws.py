@@ -2,23 +2,33 @@
 
 A pool whose settings name an Auto Scaling group (`asg_name`) gets its nodes
 replaced through the group: the failed instance is terminated without
-lowering the desired capacity, so the group launches a new one, which this
-adapter waits for (bounded) and returns as a spare. Spot interruption
-warnings arrive as EventBridge events in an SQS queue (`spot_queue_url`)
-and become spot-notice health signals. Settings: docs/aws.md.
+lowering the desired capacity, so the group launches a new one. Nothing
+here waits for it: a later cluster pass lists it and it joins as a spare,
+and the same passes read the group's scaling activities (a launch that
+failed, with AWS's message) and complete the termination lifecycle action
+of an instance once its drain is done. Spot interruption warnings arrive as
+EventBridge events in an SQS queue (`spot_queue_url`) and become spot-notice
+health signals. Settings: docs/aws.md.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from datetime import datetime, timedelta
 from typing import Any
 
 from controlplane.lib.errors import PermanentError, TemporaryError
 
-from .base import HealthSignal, NodeInfo, PoolInfo, interruption_key
+from .base import (
+    HealthSignal,
+    NodeInfo,
+    PoolInfo,
+    ScalingFailure,
+    ScalingStatus,
+    interruption_key,
+)
 
 SPOT_WARNING = "EC2 Spot Instance Interruption Warning"
 REBALANCE = "EC2 Instance Rebalance Recommendation"
@@ -27,6 +37,16 @@ _TEMPORARY_CODES = {
     "InternalFailure", "InternalError", "RequestTimeout", "ScalingActivityInProgress",
     "ResourceContention",
 }
+TERMINATING = "autoscaling:EC2_INSTANCE_TERMINATING"
+FAILED_ACTIVITY = ("Failed", "Cancelled")
+DONE_ACTIVITY = ("Successful", *FAILED_ACTIVITY)
+ACTIVITY_PAGE = 20
+# Activities are stamped by AWS's clock, asks by ours.
+CLOCK_SKEW_S = 60.0
+# A launch that failed for one of these will fail again however often it is
+# asked, until someone changes the group or its launch template.
+_PERMANENT_LAUNCH = ("Invalid", "not supported", "not authorized", "AccessDenied",
+                     "does not exist", "not found", "Unsupported")
 _PERMANENT_CODES = {
     "ValidationError", "AccessDenied", "AccessDeniedException", "UnauthorizedOperation",
     "InvalidClientTokenId", "AWS.SimpleQueueService.NonExistentQueue",
@@ -70,14 +90,11 @@ class AwsProvider:
 
     kind = "aws"
 
-    def __init__(self, session: Any, endpoint_url: str | None = None,
-                 sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(self, session: Any, endpoint_url: str | None = None):
         kwargs = {"endpoint_url": endpoint_url} if endpoint_url else {}
         self.autoscaling = session.client("autoscaling", **kwargs)
         self.ec2 = session.client("ec2", **kwargs)
         self.sqs = session.client("sqs", **kwargs)
-        self._sleep, self._clock = sleep, clock
 
     @classmethod
     def for_settings(cls, settings) -> AwsProvider:
@@ -154,37 +171,36 @@ class AwsProvider:
         return ""
 
     def replace(self, pool: PoolInfo, provider_id: str) -> NodeInfo | None:
-        """Terminate the instance without lowering desired capacity and wait,
-        bounded by `replace_timeout_s`, for the group's new instance. Calling
-        it again for an instance already gone terminates nothing more."""
+        """Terminate the instance without lowering desired capacity, so the
+        group launches another, and return without waiting for it: the
+        group is read once more, and a successor already there is returned;
+        else a later pass lists it (`list_nodes`) and it joins as a spare,
+        and `provision` asks for nothing more while the group is short. How
+        the launch went is read later (`scaling_status`). Calling it again
+        for an instance already gone terminates nothing more."""
         old = instance_id(provider_id)
-        group = self._group(pool)
-        before = self._live_ids(group)
-        if old in before:
-            with classified(f"terminate {old}"):
-                self.autoscaling.terminate_instance_in_auto_scaling_group(
-                    InstanceId=old, ShouldDecrementDesiredCapacity=False)
-        else:
+        before = self._live_ids(self._group(pool))
+        if old not in before:
             return None
-        deadline = self._clock() + pool.settings.replace_timeout_s
-        poll = pool.settings.replace_poll_s
-        while True:
-            fresh = sorted(self._live_ids(self._group(pool)) - before - {old})
-            if fresh:
-                return self._describe(pool, fresh[:1])[0]
-            if self._clock() >= deadline:
-                # The group keeps working on it; the node shows up in a later listing.
-                return None
-            self._sleep(poll)
+        with classified(f"terminate {old}"):
+            self.autoscaling.terminate_instance_in_auto_scaling_group(
+                InstanceId=old, ShouldDecrementDesiredCapacity=False)
+        fresh = sorted(self._live_ids(self._group(pool)) - before)
+        return self._describe(pool, fresh[:1])[0] if fresh else None
 
     def provision(self, pool: PoolInfo) -> NodeInfo | None:
-        """One more instance for the pool's spares (desired capacity + 1)."""
+        """One more instance for the pool's spares (desired capacity + 1).
+        While the group is still short of its desired capacity (an earlier
+        ask on its way, or failing), it is not asked for more: each pass
+        would otherwise raise the capacity again until MaxSize."""
         group = self._group(pool)
         desired, ceiling = group["DesiredCapacity"], group["MaxSize"]
+        before = self._live_ids(group)
+        if len(before) < desired:
+            return None
         if desired >= ceiling:
             raise PermanentError(
                 f"Auto Scaling group {group['AutoScalingGroupName']} is at its MaxSize {ceiling}")
-        before = self._live_ids(group)
         with classified("set desired capacity"):
             self.autoscaling.set_desired_capacity(
                 AutoScalingGroupName=group["AutoScalingGroupName"], DesiredCapacity=desired + 1,
@@ -192,11 +208,83 @@ class AwsProvider:
         fresh = sorted(self._live_ids(self._group(pool)) - before)
         return self._describe(pool, fresh[:1])[0] if fresh else None
 
+    def scaling_status(self, pool: PoolInfo, since: datetime) -> ScalingStatus:
+        """The group's scaling activities since `since` (less a clock-skew
+        margin): failed or cancelled ones with AWS's message, and whether the
+        group has settled (at its desired capacity, nothing in progress).
+        One page of the newest activities: a pass looks often enough that
+        older ones were read by an earlier pass."""
+        group = self._group(pool)
+        name = group["AutoScalingGroupName"]
+        with classified(f"describe scaling activities of {name}"):
+            activities = self.autoscaling.describe_scaling_activities(
+                AutoScalingGroupName=name, MaxRecords=ACTIVITY_PAGE)["Activities"]
+        floor = since - timedelta(seconds=CLOCK_SKEW_S)
+        recent = [a for a in activities if a.get("StartTime") and a["StartTime"] >= floor]
+        failures = tuple(_failure(a) for a in sorted(recent, key=lambda a: a["StartTime"])
+                         if a.get("StatusCode") in FAILED_ACTIVITY)
+        busy = any(a.get("StatusCode") not in DONE_ACTIVITY for a in recent)
+        short = len(self._live_ids(group)) < group["DesiredCapacity"]
+        return ScalingStatus(settled=not busy and not short, failures=failures)
+
+    def release(self, pool: PoolInfo, provider_id: str) -> str | None:
+        """Complete the termination lifecycle action of an instance this
+        control plane terminated and drained, so the group lets it go now
+        rather than at the hook's timeout. What was done ("" when nothing
+        held it: gone, past its hooks, or no hook); None while it has not
+        reached `Terminating:Wait` yet."""
+        iid = instance_id(provider_id)
+        group = self._group(pool)
+        name = group["AutoScalingGroupName"]
+        state = next((i.get("LifecycleState", "") for i in group.get("Instances", [])
+                      if i["InstanceId"] == iid), None)
+        if state == "Terminating":
+            return None  # on its way to the hook's wait: look again
+        if state != "Terminating:Wait":
+            return ""
+        with classified(f"describe lifecycle hooks of {name}"):
+            hooks = self.autoscaling.describe_lifecycle_hooks(
+                AutoScalingGroupName=name)["LifecycleHooks"]
+        done = [hook["LifecycleHookName"] for hook in hooks
+                if hook.get("LifecycleTransition") == TERMINATING]
+        for hook in done:
+            self._complete(name, hook, iid)
+        return (f"termination lifecycle action of {iid} completed (CONTINUE, "
+                f"{', '.join(done)})") if done else ""
+
+    def _complete(self, group: str, hook: str, iid: str) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            with classified(f"complete lifecycle action of {iid}"):
+                self.autoscaling.complete_lifecycle_action(
+                    AutoScalingGroupName=group, LifecycleHookName=hook, InstanceId=iid,
+                    LifecycleActionResult="CONTINUE")
+        except PermanentError as exc:
+            # "No active Lifecycle Action found": completed already (a pass
+            # before, or a handler of the hook's own), or timed out.
+            cause = exc.__cause__
+            if not (isinstance(cause, ClientError)
+                    and cause.response.get("Error", {}).get("Code") == "ValidationError"):
+                raise
+
     # --- spot notices ------------------------------------------------------------
     def spot_signals(self, pool: PoolInfo) -> list[HealthSignal]:
         """Interruption warnings for this pool's instances, read from the SQS
-        queue an EventBridge rule feeds, in batches until the queue has nothing
-        more to show (at most `spot_max_batches`).
+        queue an EventBridge rule feeds.
+
+        One queue often serves several clusters, and SQS hands out messages
+        in no order of ours: a sweep that stopped after a few batches of
+        other clusters' notices would meet its own several sweeps later. So
+        a sweep receives until the queue shows nothing new (at most
+        `spot_max_batches` batches of ten), each message hidden meanwhile,
+        and only then sorts them, with one `describe_auto_scaling_groups`,
+        at most one `describe_instances` for the other clusters' instances
+        and one for ours, and the acknowledgements in batches of ten. With
+        150 other clusters' notices ahead of ours, ours is a signal on the
+        first sweep, in 36 AWS calls (docs/performance.md; reading ten
+        batches a sweep and hiding each foreign notice with a call of its
+        own, it came on the second sweep, after 121 + 65 calls).
 
         A notice is deleted once turned into a signal (its key makes a repeat
         harmless), and so is one whose instance is gone or terminating (nobody
@@ -208,22 +296,20 @@ class AwsProvider:
         if not url:
             return []
         hide = pool.settings.spot_foreign_visibility_s
-        batches = pool.settings.spot_max_batches
-        signals: list[HealthSignal] = []
-        seen: set[str] = set()
-        group = None
-        for _ in range(batches):
+        received: dict[str, dict] = {}
+        for _ in range(pool.settings.spot_max_batches):
             with classified("receive spot notices"):
                 messages = self.sqs.receive_message(
                     QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0,
+                    # Hidden until this sweep has sorted them, however many it reads.
                     VisibilityTimeout=max(30, hide)).get("Messages", [])
-            fresh = [m for m in messages if m["MessageId"] not in seen]
+            fresh = {m["MessageId"]: m for m in messages if m["MessageId"] not in received}
             if not fresh:
                 break
-            seen.update(m["MessageId"] for m in fresh)
-            group = group or self._group(pool)
-            signals.extend(self._sort_notices(pool, url, group, fresh, hide))
-        return signals
+            received.update(fresh)
+        if not received:
+            return []
+        return self._sort_notices(pool, url, self._group(pool), list(received.values()), hide)
 
     def _sort_notices(self, pool: PoolInfo, url: str, group: dict, messages: list[dict],
                       hide: int) -> list[HealthSignal]:
@@ -243,15 +329,16 @@ class AwsProvider:
         signals = [_signal(event, nodes[event["detail"]["instance-id"]])
                    for _, event in events if event["detail"]["instance-id"] in nodes]
         done += [m for m, _ in events] + [m for m, iid in others if iid in gone]
+        theirs = [m for m, iid in others if iid not in gone]
         with classified("acknowledge spot notices"):
-            for msg, iid in others:
-                if iid not in gone:
-                    self.sqs.change_message_visibility(
-                        QueueUrl=url, ReceiptHandle=msg["ReceiptHandle"], VisibilityTimeout=hide)
-            if done:
+            for chunk in _chunks(theirs, 10):
+                self.sqs.change_message_visibility_batch(QueueUrl=url, Entries=[
+                    {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": hide}
+                    for i, m in enumerate(chunk)])
+            for chunk in _chunks(done, 10):
                 self.sqs.delete_message_batch(QueueUrl=url, Entries=[
                     {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]}
-                    for i, m in enumerate(done)])
+                    for i, m in enumerate(chunk)])
         return signals
 
     def _gone(self, ids: set[str], group: dict) -> set[str]:
@@ -264,12 +351,30 @@ class AwsProvider:
                    if i.get("LifecycleState", "").startswith("Terminat")}
         with classified("describe instances"):
             # A filter, not InstanceIds: one unknown id must not fail the rest.
-            pages = self.ec2.get_paginator("describe_instances").paginate(
-                Filters=[{"Name": "instance-id", "Values": sorted(ids)}])
-            states = {i["InstanceId"]: i.get("State", {}).get("Name", "")
-                      for page in pages for r in page["Reservations"] for i in r["Instances"]}
+            states = {}
+            for chunk in _chunks(sorted(ids), 200):  # EC2's limit of values per filter
+                pages = self.ec2.get_paginator("describe_instances").paginate(
+                    Filters=[{"Name": "instance-id", "Values": chunk}])
+                states.update({i["InstanceId"]: i.get("State", {}).get("Name", "")
+                               for page in pages for r in page["Reservations"]
+                               for i in r["Instances"]})
         return {i for i in ids if i in leaving or i not in states
                 or states[i] in ("shutting-down", "terminated")}
+
+
+def _chunks(items: list, size: int) -> Iterator[list]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def _failure(activity: dict) -> ScalingFailure:
+    message = activity.get("StatusMessage") or activity.get("Description", "")
+    return ScalingFailure(
+        activity_id=activity.get("ActivityId", ""), status=activity.get("StatusCode", ""),
+        message=message, description=activity.get("Description", ""),
+        started_at=activity["StartTime"].isoformat(),
+        permanent=any(word in message for word in _PERMANENT_LAUNCH)
+        and "capacity" not in message.lower())
 
 
 def _event(body: str) -> dict | None:

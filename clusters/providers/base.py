@@ -75,6 +75,31 @@ def interruption_key(instance: str, warning: bool) -> str:
 
 
 @dataclass(frozen=True)
+class ScalingFailure:
+    """A request for capacity the provider took and then could not carry out,
+    in its own words (an Auto Scaling group's failed or cancelled launch:
+    `InsufficientInstanceCapacity` for a p5). `permanent`: asking again will
+    not help until a setting changes (an invalid launch template)."""
+
+    activity_id: str
+    status: str  # the provider's word: Failed, Cancelled
+    message: str
+    description: str = ""
+    started_at: str = ""
+    permanent: bool = False
+
+
+@dataclass(frozen=True)
+class ScalingStatus:
+    """How a pool's earlier asks for capacity went: `settled` once nothing
+    asked is still on its way (the group is at its desired capacity, no
+    activity in progress); `failures` since the time asked about."""
+
+    settled: bool = True
+    failures: tuple[ScalingFailure, ...] = ()
+
+
+@dataclass(frozen=True)
 class Placement:
     node: str
     node_rank: int
@@ -276,7 +301,18 @@ class Provider(Protocol):
         """Evict what runs on the node, leaving time for an emergency checkpoint."""
 
     def replace(self, pool: PoolInfo, node: str) -> NodeInfo | None:
-        """Retire the node and ask for a new one; return it if known now."""
+        """Retire the node and ask for a new one; return it if known now.
+        Never waits for it: a machine the provider brings up later is found
+        by a later `list_nodes` and joins as a spare."""
+
+    def scaling_status(self, pool: PoolInfo, since) -> ScalingStatus:
+        """How the asks for capacity made since `since` (an aware datetime)
+        went. Providers whose capacity comes at once report settled."""
+
+    def release(self, pool: PoolInfo, node: str, provider_id: str) -> str | None:
+        """The retired node's machine is drained: let it go now rather than
+        when a termination hook times out. Returns what was done ("" when
+        nothing held it), or None to be asked again in a later pass."""
 
     def health_signals(self, pool: PoolInfo) -> list[HealthSignal]:
         """Health signals seen since the last call (XIDs, spot notices, ...)."""

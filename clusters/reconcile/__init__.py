@@ -21,6 +21,9 @@ from .. import wake
 from ..workload import jobs_on_node
 from .nodes import account_ready_time, keep_spares, promote_for_size, send_drain, sync_pool
 from .replacement import ask_owed_replacements, replace_node, take_out
+from .scaling import CONDITION as SCALING_CONDITION
+from .scaling import conditions as scaling_conditions
+from .scaling import release_retired, watch_scaling
 from .spares import check_one_spare
 
 log = logging.getLogger(__name__)
@@ -56,8 +59,11 @@ def reconcile_cluster(cluster_id: int, now=None) -> Result:
         _record_health(pool, provider.health_signals(info), now)
         _close_events_of_retired_nodes(pool, now)
         _carry_out_drains(pool, provider, info, now)
+        # How earlier asks for capacity went, before asking more.
+        watch_scaling(pool, provider, info, now)
         # Jobs' passes claim replacements; the provider is asked here.
         ask_owed_replacements(pool, now)
+        release_retired(pool, provider, info, now)
         promote_for_size(pool, now)
         try:
             keep_spares(pool, provider, info, now)
@@ -73,8 +79,11 @@ def reconcile_cluster(cluster_id: int, now=None) -> Result:
     interval = cluster.config.reconcile_interval
     Cluster.objects.filter(pk=cluster.pk).update(
         last_reconciled_at=now, next_reconcile_at=now + timezone.timedelta(seconds=interval),
-        # A pass that got this far succeeded: an error an earlier one met is over.
-        conditions=[c for c in cluster.conditions if c.get("type") != ERROR_CONDITION],
+        # A pass that got this far succeeded: an error an earlier one met is
+        # over. The pools' failed launches are as this pass found them.
+        conditions=[c for c in cluster.conditions
+                    if c.get("type") not in (ERROR_CONDITION, SCALING_CONDITION)]
+        + scaling_conditions(cluster, now),
         last_error="",
     )
     return Result.after(interval)

@@ -9,6 +9,7 @@ from controlplane.lib.bulk import insert_rows
 from controlplane.lib.transitions import event_time
 
 from .replacement import promote_spare
+from .scaling import check_backoff, note_asked
 
 ACTIVE = (Node.State.PROVISIONING, Node.State.READY, Node.State.CORDONED, Node.State.DRAINING)
 
@@ -88,11 +89,19 @@ def promote_for_size(pool, now) -> None:
 
 
 def keep_spares(pool, provider, info, now) -> None:
+    """Provision the spares the pool lacks; TemporaryError while the pool
+    backs off after failed launches (scaling.py)."""
     spares = Node.objects.filter(
         pool=pool, is_spare=True, state__in=(Node.State.PROVISIONING, Node.State.READY)
     ).count()
-    for _ in range(max(0, pool.spare_count - spares)):
+    missing = max(0, pool.spare_count - spares)
+    if missing:
+        check_backoff(pool, now)
+    for _ in range(missing):
         name = _free_name(pool)
+        # Watched from before the ask: a provider that takes it and raises
+        # (nothing to show yet) has asked all the same.
+        note_asked(pool, now)
         seen = provider.provision_node(info, name)
         row, created = Node.objects.get_or_create(
             cluster_id=pool.cluster_id, name=seen.name,

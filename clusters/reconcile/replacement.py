@@ -29,10 +29,12 @@ from clusters.models import Node, NodeEvent, NodeHealthEvent
 from clusters.providers import get_provider, pool_info
 from controlplane.lib.errors import IllegalTransition
 
+from .scaling import backoff_left, note_asked
+
 log = logging.getLogger(__name__)
 
-# A provider call running longer than this (at least twice the pool's
-# `replace_timeout_s`) is taken for dead, and the replacement asked again.
+# A provider call running longer than this is taken for dead, and the
+# replacement asked again (a call is a few requests: it never waits).
 REPLACE_LEASE_S = 600.0
 ASKED = "replacement asked of the provider"
 
@@ -78,7 +80,7 @@ def take_out(node: Node, reason: str, evidence: dict, now, *, replace_reason: st
     if not ask_provider:
         wake.cluster(node.cluster_id)  # the cluster reconcile asks the provider soon
         return TakenOut(cordoned, spare, None)
-    return TakenOut(cordoned, spare, _ask_provider(node, replace_reason, now))
+    return TakenOut(cordoned, spare, _ask_now_or_later(node, replace_reason, now))
 
 
 def _cordon_row(node: Node, reason: str, evidence: dict, now, health_kind: str | None,
@@ -153,6 +155,20 @@ def _claim(node: Node, reason: str, now) -> tuple[bool, Node | None]:
     return True, spare
 
 
+def _ask_now_or_later(node: Node, reason: str, now) -> Node | None:
+    """Ask at once, unless the pool backs off after failed launches: then
+    the ask stays owed (`replace_requested_at`) for `ask_owed_replacements`,
+    rather than take one more machine away with no successor coming."""
+    left = backoff_left(node.pool, now)
+    if left <= 0:
+        return _ask_provider(node, reason, now)
+    NodeEvent.objects.create(
+        node=node, from_state=node.state, to_state=node.state,
+        reason=f"replacement deferred {left:.0f} s: the pool's launches fail"[:300],
+        evidence={"error": node.pool.scaling_error[:1000]}, created_at=now)
+    return None
+
+
 def _ask_provider(node: Node, reason: str, now) -> Node | None:
     """The claimed node's provider call; the new machine it returns joins as a spare."""
     pool = node.pool
@@ -173,8 +189,9 @@ def _ask_provider(node: Node, reason: str, now) -> Node | None:
         return None
     # Only the ask this pass made is settled: a later one keeps its own mark.
     Node.objects.filter(pk=node.pk, replace_requested_at=asked_at).update(
-        replace_requested_at=None, replace_asked_at=None, replace_error="",
-        replace_failed_at=None, replace_failures=0)
+        replace_requested_at=None, replace_error="", replace_failed_at=None,
+        replace_failures=0)
+    note_asked(pool, now)
     NodeEvent.objects.create(node=node, from_state=node.state, to_state=node.state,
                              reason=f"the provider replaced it with {info.name}" if info
                              else "the provider took it back; the new machine comes later",
@@ -208,18 +225,13 @@ def replace_node(node: Node, reason: str, now) -> tuple[Node | None, Node | None
     claimed, spare = _claim(node, reason, now)
     if not claimed:
         return Node.objects.filter(replaces=node).order_by("id").first(), None
-    return spare, _ask_provider(node, reason, now)
+    return spare, _ask_now_or_later(node, reason, now)
 
 
 # After the provider failed a replacement, it is asked again after this long,
 # doubling per failure in a row up to the cap.
 ASK_BACKOFF_S = 30.0
 ASK_BACKOFF_MAX_S = 1800.0
-
-
-def _lease_s(pool) -> float:
-    # Only providers that wait for a new machine have the setting (AWS pools).
-    return max(REPLACE_LEASE_S, 2 * getattr(pool.config, "replace_timeout_s", 300.0))
 
 
 def _ask_due(node: Node, now, lease_s: float) -> bool:
@@ -237,10 +249,14 @@ def ask_owed_replacements(pool, now) -> list[Node]:
     """Ask the provider for claimed nodes it has not replaced: claimed by a
     job's pass and never asked, failed (again after a backoff), or asked by a
     pass that died (past a lease). Each ask is claimed by moving
-    `replace_asked_at` on, so two passes never both ask."""
-    lease_s = _lease_s(pool)
-    owed = Node.objects.filter(pool=pool, state=Node.State.REPLACED,
-                               replace_requested_at__isnull=False)
+    `replace_asked_at` on, so two passes never both ask. None while the
+    pool's launches fail and it backs off (scaling.py): each would be one
+    more machine taken away with no successor coming."""
+    owed = list(Node.objects.filter(pool=pool, state=Node.State.REPLACED,
+                                    replace_requested_at__isnull=False))
+    if not owed or backoff_left(pool, now) > 0:
+        return []
+    lease_s = REPLACE_LEASE_S
     done = []
     for node in owed:
         if not _ask_due(node, now, lease_s):

@@ -6,7 +6,9 @@ the Kubernetes API server where the two meet.
 """
 
 import json
+import time
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -15,6 +17,7 @@ from clusters.providers.kubernetes import KubernetesProvider, KubeSettings
 from controlplane.lib.errors import PermanentError
 from tests.clusters.test_kubernetes_manifests import make_pool
 from tests.support import k8s_standin as st
+from tests.support.asg_standin import AsgStandIn, activity, insufficient_capacity
 from tests.support.aws_standin import (  # noqa: F401  (fixtures)
     REGION,
     aws,
@@ -33,8 +36,7 @@ def group():
 
 
 def asg_pool(group, **settings):
-    return make_pool(settings={"asg_name": group, "replace_timeout_s": 5,
-                               "replace_poll_s": 0.1, **settings})
+    return make_pool(settings={"asg_name": group, **settings})
 
 
 @pytest.fixture
@@ -57,15 +59,27 @@ def spot_event(instance, kind=SPOT_WARNING):
     })
 
 
-def test_it_replaces_a_failed_node_without_shrinking_the_group(aws, provider, group):  # noqa: F811
+def test_it_replaces_a_failed_node_without_shrinking_the_group_or_waiting(
+        aws, provider, group, monkeypatch):  # noqa: F811
+    """The call terminates, reads the group once more and returns: no sleep.
+    moto launches the successor at once, so that one read finds it (AWS takes
+    longer: then None, and a later listing finds it)."""
     before = make_group(aws, group)
     failed = before[0]
+    slept, calls = [], []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    provider.autoscaling.meta.events.register(
+        "before-call", lambda model, **kw: calls.append(model.name))
+
     node = provider.replace(asg_pool(group), f"aws:///{REGION}a/{failed}")
 
+    assert slept == [] and calls == ["DescribeAutoScalingGroups",
+                                     "TerminateInstanceInAutoScalingGroup",
+                                     "DescribeAutoScalingGroups"]
     after = group_instances(aws, group)
     assert failed not in after and len(after) == 2 and desired(aws, group) == 2
-    new = instance_id(node.provider_id)
-    assert new in after and new not in before
+    (new,) = set(after) - set(before)
+    assert instance_id(node.provider_id) == new
     assert node.provider_id == f"aws:///{REGION}a/{new}"
     assert node.name.startswith("ip-") and node.name.endswith(".ec2.internal")
     assert node.address and node.gpus == 8
@@ -84,17 +98,11 @@ def test_replacing_again_terminates_nothing_more(aws, provider, group):  # noqa:
     assert group_instances(aws, group) == members
 
 
-def test_it_waits_for_the_new_instance_only_as_long_as_allowed(aws, group):  # noqa: F811
-    """moto replaces at once; here the group is asked for nothing new, so the
-    wait has nothing to find and must give up at its deadline."""
+def test_the_old_wait_settings_still_load_and_change_nothing(aws, provider, group):  # noqa: F811
+    """Pools saved with `replace_timeout_s`/`replace_poll_s` keep loading."""
     ids = make_group(aws, group)
-    ticks = iter(range(0, 100))
-    slept = []
-    provider = AwsProvider.for_settings(KubeSettings.parse({"region": REGION, "endpoint_url": aws}))
-    provider._clock, provider._sleep = (lambda: next(ticks)), slept.append
-    provider._live_ids = lambda group: set(ids) - {ids[0]} if slept else set(ids)
-    assert provider.replace(asg_pool(group, replace_timeout_s=3), f"aws:///x/{ids[0]}") is None
-    assert slept == [0.1, 0.1]  # polled at t=1 and t=2, gave up at the deadline t=3
+    pool = asg_pool(group, replace_timeout_s=300, replace_poll_s=5)
+    assert provider.replace(pool, f"aws:///{REGION}a/{ids[0]}") is not None
 
 
 def test_it_lists_the_groups_instances_as_nodes(aws, provider, group):  # noqa: F811
@@ -319,3 +327,117 @@ def test_another_clusters_notice_in_an_sns_envelope_is_left_for_it(aws, provider
     sqs.send_message(QueueUrl=url, MessageBody=sns_envelope(spot_event(other[0])))
     assert provider.spot_signals(asg_pool(group, spot_queue_url=url)) == []
     assert counts(sqs, url) == (0, 1)  # hidden for its owner, not deleted
+
+
+def count_calls(provider) -> list[str]:
+    """Every AWS request the provider's clients send, by operation."""
+    calls = []
+    for name in ("autoscaling", "ec2", "sqs"):
+        getattr(provider, name).meta.events.register(
+            "before-call", lambda model, **kw: calls.append(model.name))
+    return calls
+
+
+def test_our_notice_behind_150_of_other_clusters_is_a_signal_on_the_first_sweep(aws, group):  # noqa: F811
+    """A queue shared with other clusters: 150 notices for another group's
+    live instances sent before ours. The first sweep finds ours, in 36 AWS
+    calls (it took two sweeps, 121 + 65 calls, when a sweep read ten batches
+    and hid each foreign notice with a call of its own: docs/performance.md)."""
+    ours = make_group(aws, group)
+    theirs = make_group(aws, unique("a100-nodes"), size=3)
+    sqs, url = queue(aws)
+    for i in range(150):
+        sqs.send_message(QueueUrl=url, MessageBody=spot_event(theirs[i % 3]))
+    sqs.send_message(QueueUrl=url, MessageBody=spot_event(ours[1]))
+    provider = AwsProvider.for_settings(KubeSettings.parse({"region": REGION, "endpoint_url": aws}))
+    calls = count_calls(provider)
+
+    (signal,) = provider.spot_signals(asg_pool(group, spot_queue_url=url))
+
+    assert signal.evidence["detail"]["instance-id"] == ours[1]
+    # 17 receives (16 with messages, one empty), one group, one describe for
+    # theirs and one for ours, 15 visibility batches, one delete batch.
+    assert calls.count("ReceiveMessage") == 17
+    assert calls.count("ChangeMessageVisibilityBatch") == 15
+    assert calls.count("DeleteMessageBatch") == 1
+    assert calls.count("DescribeInstances") == 2
+    assert calls.count("DescribeAutoScalingGroups") == 1
+    assert len(calls) == 36
+    assert counts(sqs, url) == (0, 150)  # theirs left, hidden, for their owner
+
+
+# --- what the group did with our asks (tests/support/asg_standin.py serves
+# the scaling activities, lifecycle hooks and the group that cannot launch) ---
+
+@pytest.fixture
+def asg(aws):  # noqa: F811
+    with AsgStandIn(aws) as proxy:
+        yield proxy
+
+
+def through(asg):
+    return AwsProvider.for_settings(KubeSettings.parse({"region": REGION,
+                                                         "endpoint_url": asg.url}))
+
+
+def test_scaling_status_reports_failed_launches_since_the_ask(aws, asg, group):  # noqa: F811
+    make_group(aws, group)
+    asked = datetime.now(UTC)
+    asg.activities[group] = [
+        insufficient_capacity(group, at=asked - timedelta(hours=1)),  # before our ask
+        insufficient_capacity(group, at=asked + timedelta(seconds=5)),
+        activity(group, "Cancelled", "The launch template lt-0abc does not exist. "
+                 "Launching EC2 instance failed.", at=asked + timedelta(seconds=9)),
+    ]
+    asg.starve(group)
+    client("autoscaling", aws).set_desired_capacity(AutoScalingGroupName=group,
+                                                    DesiredCapacity=3)
+
+    status = through(asg).scaling_status(asg_pool(group), asked)
+
+    assert not status.settled  # two of three instances: the group is short
+    capacity, template = status.failures
+    assert capacity.status == "Failed" and not capacity.permanent
+    assert "sufficient p5.48xlarge capacity" in capacity.message
+    assert template.status == "Cancelled" and template.permanent
+    asg.feed(group)
+    asg.activities[group].append(activity(group, "Successful", at=asked + timedelta(seconds=30)))
+    assert through(asg).scaling_status(asg_pool(group), asked).settled
+
+
+def test_provision_asks_no_more_while_the_group_is_short(aws, asg, group):  # noqa: F811
+    make_group(aws, group, size=2, max_size=6)
+    provider = through(asg)
+    assert provider.provision(asg_pool(group)) is not None and desired(aws, group) == 3
+    asg.starve(group)
+    client("autoscaling", aws).set_desired_capacity(AutoScalingGroupName=group,
+                                                    DesiredCapacity=4)
+    assert provider.provision(asg_pool(group)) is None
+    assert desired(aws, group) == 4  # not 5: the group has yet to launch the last ask
+
+
+def test_release_completes_the_termination_hook_of_our_instance(aws, asg, group):  # noqa: F811
+    ids = make_group(aws, group)
+    provider = through(asg)
+    assert provider.release(asg_pool(group), f"aws:///{REGION}a/{ids[0]}") == ""  # no hook
+    client("autoscaling", aws).put_lifecycle_hook(
+        LifecycleHookName="drain", AutoScalingGroupName=group,
+        LifecycleTransition="autoscaling:EC2_INSTANCE_TERMINATING")
+    provider.replace(asg_pool(group), f"aws:///{REGION}a/{ids[0]}")
+    assert ids[0] in asg.held  # Terminating:Wait
+
+    done = provider.release(asg_pool(group), f"aws:///{REGION}a/{ids[0]}")
+
+    assert "completed" in done and ids[0] not in asg.held
+    assert [(c["InstanceId"], c["LifecycleActionResult"]) for c in asg.completed] == [
+        (ids[0], "CONTINUE")]
+    # Gone from the group now: nothing holds it, nothing is called.
+    assert provider.release(asg_pool(group), f"aws:///{REGION}a/{ids[0]}") == ""
+    assert len(asg.completed) == 1
+
+
+def test_a_lifecycle_action_completed_by_someone_else_is_not_an_error(aws, asg, group):  # noqa: F811
+    make_group(aws, group)
+    asg.held["i-0123456789abcdef0"] = "elsewhere"  # held by another group: AWS says no
+    through(asg)._complete(group, "drain", "i-0123456789abcdef0")
+    assert asg.completed == []

@@ -6,7 +6,11 @@ boto3; it launches a new instance when one is terminated without lowering
 the desired capacity, as AWS does), and tests/support/k8s_standin.py for the
 API server. clusters.reconcile.reconcile_cluster runs as in production
 against a real database; the test plays the kubelet by registering a new
-instance's Node once it "boots".
+instance's Node once it "boots". What moto's Auto Scaling lacks (scaling
+activities, termination lifecycle hooks holding an instance in
+`Terminating:Wait`, `CompleteLifecycleAction`, a group that cannot launch)
+is served by tests/support/asg_standin.py, a proxy in front of moto's
+server that every request of the reconciler goes through.
 """
 
 import pytest
@@ -14,10 +18,11 @@ from django.utils import timezone
 
 from clusters.models import Cluster, Node, NodeHealthEvent, NodePool
 from clusters.providers.aws import instance_id
-from clusters.reconcile import reconcile_cluster
+from clusters.reconcile import reconcile_cluster, scaling
 from tests.clusters.test_aws_provider import counts, desired, queue, sns_envelope, spot_event
 from tests.fleet_helpers import later
 from tests.support import k8s_standin as st
+from tests.support.asg_standin import AsgStandIn, activity, insufficient_capacity
 from tests.support.aws_standin import (  # noqa: F401  (fixtures)
     REGION,
     aws,
@@ -49,7 +54,13 @@ def register(standin, url, ids):
 
 
 @pytest.fixture
-def fleet(db, aws, standin):  # noqa: F811
+def asg(aws):  # noqa: F811
+    with AsgStandIn(aws) as proxy:
+        yield proxy
+
+
+@pytest.fixture
+def fleet(db, aws, standin, asg):  # noqa: F811
     """A Kubernetes cluster whose pool is an Auto Scaling group of three:
     two working nodes and a spare, all registered and ready."""
     group = unique("h100-nodes")
@@ -58,13 +69,12 @@ def fleet(db, aws, standin):  # noqa: F811
     cluster = Cluster.objects.create(
         name=unique("eks"), provider=Cluster.Provider.KUBERNETES,
         settings={"api_url": standin.url, "request_timeout_s": 5, "region": REGION,
-                  "endpoint_url": aws, "preflight": "dcgm-labels"},
+                  "endpoint_url": asg.url, "preflight": "dcgm-labels"},
     )
     pool = NodePool.objects.create(
         cluster=cluster, name="h100", instance_type="p5.48xlarge", gpus_per_node=8, size=2,
         spare_count=1, node_selector=GROUP,
-        settings={"asg_name": group, "replace_timeout_s": 10, "replace_poll_s": 0.1,
-                  "spot_queue_url": spot_url},
+        settings={"asg_name": group, "spot_queue_url": spot_url},
     )
     register(standin, aws, ids)
     now = timezone.now()
@@ -182,3 +192,129 @@ def test_an_sns_wrapped_notice_and_the_nth_taint_are_one_interruption(aws, stand
     assert counts(sqs, url) == (0, 0)
     check_replaced(aws, standin, fleet, old, fleet["ids"], later(now, 1))
     assert NodeHealthEvent.objects.filter(node__cluster=cluster).count() == 1
+
+
+def node_of(cluster, iid):
+    return by_instance(cluster)[iid]
+
+
+def working(cluster):
+    return Node.objects.filter(cluster=cluster, is_spare=False).order_by("name")
+
+
+def test_a_replacement_never_sleeps_and_a_successor_not_launched_yet_joins_later(
+        aws, standin, asg, fleet, monkeypatch):  # noqa: F811
+    """AWS takes a while to launch the successor (the stand-in holds it back):
+    the pass terminates and moves on without sleeping, asks for no extra spare
+    while the group is short, and a later pass finds the successor as a spare."""
+    cluster, group, now = fleet["cluster"], fleet["group"], fleet["now"]
+    slept = []
+    monkeypatch.setattr("time.sleep", slept.append)
+    old = working(cluster).first()
+    Node.objects.filter(pk=old.pk).update(replace_requested_at=now)
+    asg.starve(group)
+
+    reconcile_cluster(cluster.id, later(now, 1))
+
+    old.refresh_from_db()
+    assert old.state == Node.State.REPLACED and slept == []
+    assert instance_id(old.provider_id) not in group_instances(aws, group)
+    assert desired(aws, group) == 3  # no extra spare asked while the group is short
+    assert set(by_instance(cluster)) == set(fleet["ids"])  # nothing new yet
+
+    asg.feed(group)  # the group's instance is up
+    reconcile_cluster(cluster.id, later(now, 2))
+    (fresh,) = set(by_instance(cluster)) - set(fleet["ids"])
+    new = node_of(cluster, fresh)
+    assert new.is_spare and new.state == Node.State.PROVISIONING
+    assert new.events.get(to_state="provisioning").reason == "found at the provider (spare)"
+    assert desired(aws, group) == 3 and slept == []
+
+
+def test_a_failed_launch_is_an_event_a_condition_and_a_backoff(aws, standin, asg, fleet):  # noqa: F811
+    cluster, group, now, pool = fleet["cluster"], fleet["group"], fleet["now"], fleet["pool"]
+    first, second = working(cluster)
+    Node.objects.filter(pk=first.pk).update(replace_requested_at=now)
+    asg.starve(group)
+    reconcile_cluster(cluster.id, later(now, 1))  # terminated; the group cannot launch
+    asg.activities[group] = [insufficient_capacity(group)]
+
+    reconcile_cluster(cluster.id, later(now, 2))
+
+    (event,) = first.events.filter(reason__startswith="the group could not launch")
+    assert "Failed: We currently do not have sufficient p5.48xlarge capacity" in event.reason
+    assert event.evidence["status"] == "Failed" and not event.evidence["permanent"]
+    pool.refresh_from_db()
+    assert pool.scaling_failures == 1 and "sufficient p5.48xlarge" in pool.scaling_error
+    cluster.refresh_from_db()
+    (condition,) = [c for c in cluster.conditions if c["type"] == "ScalingFailed"]
+    assert condition["pool"] == "h100" and condition["count"] == 1
+    assert "sufficient p5.48xlarge capacity" in condition["message"]
+    assert 0 < condition["retry_after_s"] <= 30
+
+    # Backing off: an operator's replacement is claimed but not asked, and no
+    # spare is asked for (the group would fail both).
+    Node.objects.filter(pk=second.pk).update(replace_requested_at=later(now, 3))
+    reconcile_cluster(cluster.id, later(now, 3))
+    second.refresh_from_db()
+    assert second.state == Node.State.REPLACED and second.replace_requested_at is not None
+    assert instance_id(second.provider_id) in group_instances(aws, group)
+    assert second.events.filter(reason__startswith="replacement deferred").exists()
+    assert desired(aws, group) == 3
+    reconcile_cluster(cluster.id, later(now, 20))  # the same failure read again: counted once
+    pool.refresh_from_db()
+    assert pool.scaling_failures == 1
+    assert instance_id(second.provider_id) in group_instances(aws, group)
+
+    # Past the backoff the owed ask is made; once the group launches, the
+    # failures in a row end and the condition goes.
+    reconcile_cluster(cluster.id, later(now, 33))
+    assert instance_id(second.provider_id) not in group_instances(aws, group)
+    asg.feed(group)
+    asg.activities[group].append(activity(group, "Successful"))
+    reconcile_cluster(cluster.id, later(now, 34))
+    pool.refresh_from_db()
+    cluster.refresh_from_db()
+    assert pool.scaling_failures == 0 and pool.scaling_watch_since is None
+    assert not [c for c in cluster.conditions if c["type"] == "ScalingFailed"]
+
+
+def test_a_termination_hook_is_completed_for_our_drained_node_only(
+        aws, standin, asg, fleet, monkeypatch):  # noqa: F811
+    """With a termination lifecycle hook the group holds a terminated instance
+    in Terminating:Wait (up to the hook's timeout). Ours is let go once no gang
+    is on its node; another controller's is never touched."""
+    cluster, group, now = fleet["cluster"], fleet["group"], fleet["now"]
+    client("autoscaling", aws).put_lifecycle_hook(
+        LifecycleHookName="nth-drain", AutoScalingGroupName=group,
+        LifecycleTransition="autoscaling:EC2_INSTANCE_TERMINATING", HeartbeatTimeout=3600,
+        DefaultResult="CONTINUE")
+    spare = Node.objects.get(cluster=cluster, is_spare=True)
+    theirs = instance_id(spare.provider_id)
+    client("autoscaling", asg.url).terminate_instance_in_auto_scaling_group(
+        InstanceId=theirs, ShouldDecrementDesiredCapacity=False)  # another controller's
+    old = working(cluster).first()
+    ours = instance_id(old.provider_id)
+    Node.objects.filter(pk=old.pk).update(replace_requested_at=now)
+    # The gang on it is still leaving (stopped, pods terminating).
+    monkeypatch.setattr(scaling, "jobs_on", lambda ids: {old.id: [7]})
+
+    reconcile_cluster(cluster.id, later(now, 1))
+
+    old.refresh_from_db()
+    assert old.state == Node.State.REPLACED and old.released_at is None
+    assert set(asg.held) == {ours, theirs} and asg.completed == []
+
+    monkeypatch.setattr(scaling, "jobs_on", lambda ids: {})
+    reconcile_cluster(cluster.id, later(now, 2))
+
+    old.refresh_from_db()
+    assert old.released_at == later(now, 2)
+    (done,) = asg.completed
+    assert (done["InstanceId"], done["LifecycleHookName"], done["AutoScalingGroupName"],
+            done["LifecycleActionResult"]) == (ours, "nth-drain", group, "CONTINUE")
+    assert old.events.filter(reason__contains=f"lifecycle action of {ours} completed").exists()
+    assert set(asg.held) == {theirs}  # not ours to let go
+
+    reconcile_cluster(cluster.id, later(now, 3))
+    assert len(asg.completed) == 1 and set(asg.held) == {theirs}

@@ -143,3 +143,15 @@ def test_the_page_takes_the_same_queries_and_size_for_a_fleet_ten_times_larger(
     large = queries(client, "/fleet/")
     assert large[0] == small[0]
     assert large[1] < small[1] * 1.1  # a page of tiles either way; the attention list is capped
+
+
+def test_a_pool_whose_launches_fail_says_so_with_the_providers_message(web, operator, big):
+    NodePool.objects.filter(cluster=big, name="h100").update(
+        scaling_failures=3, scaling_failed_at=timezone.now(),
+        scaling_error="Failed: We currently do not have sufficient p5.48xlarge capacity")
+    html = web(operator).get("/fleet/").content.decode()
+    (row,) = re.findall(r'<tr data-pool="h100">.*?</tr>', html, re.S)
+    assert "launches failing (3 in a row)" in row
+    assert "sufficient p5.48xlarge capacity" in row
+    (other,) = re.findall(r'<tr data-pool="a10">.*?</tr>', html, re.S)
+    assert "data-scaling-failed" not in other

@@ -28,6 +28,7 @@ from clusters.providers.base import (
     Placement,
     PoolInfo,
     PreflightResult,
+    ScalingStatus,
     preflight_evidence,
 )
 from controlplane.lib.errors import PermanentError
@@ -239,6 +240,12 @@ class MemoryProvider:
             nodes[name] = NodeInfo(name=name, provider_id=f"mem://{name}",
                                    address="127.0.0.1", gpus=pool.gpus_per_node)
             return nodes[name]
+
+    def scaling_status(self, pool: PoolInfo, since) -> ScalingStatus:
+        return ScalingStatus()
+
+    def release(self, pool: PoolInfo, node: str, provider_id: str) -> str | None:
+        return ""
 
     def health_signals(self, pool: PoolInfo) -> list[HealthSignal]:
         with _LOCK:

@@ -29,6 +29,7 @@ from ..base import (
     Placement,
     PoolInfo,
     PreflightResult,
+    ScalingStatus,
 )
 from . import capacity
 from . import manifests as mf
@@ -190,7 +191,13 @@ class KubernetesProvider:
                 f"pool {pool.name}: spares come from its node group; set 'asg_name' to let "
                 "Regatta add one")
         node = self.aws().provision(pool)
-        return node or NodeInfo(name=name, ready=False, gpus=pool.gpus_per_node)
+        if node is None:
+            # The group is launching (this ask or an earlier one): its instance
+            # is listed, and joins as a spare, in a later pass. A row under a
+            # name of ours would only be found gone then.
+            raise TemporaryError(f"pool {pool.name}: Auto Scaling group "
+                                 f"{pool.settings.asg_name} is launching an instance")
+        return node
 
     def health_signals(self, pool: PoolInfo) -> list[HealthSignal]:
         signals = [s for n in self._pool_nodes(pool) for s in node_signals(n, self.settings)]
@@ -233,8 +240,8 @@ class KubernetesProvider:
 
         With an Auto Scaling group: terminate the instance through the group
         without lowering its desired capacity, so the group launches a new one
-        (returned when it shows up in time), then delete the Node so its pods
-        go at once. The instance is found by the Node's providerID, or by the
+        (listed by a later pass; nothing waits for it here), then delete the
+        Node so its pods go at once. The instance is found by the Node's providerID, or by the
         node's name among the group's instances when the Node object is gone
         already. With Karpenter: delete the Node; Karpenter's finalizer
         terminates the instance and it launches capacity anew."""
@@ -254,6 +261,18 @@ class KubernetesProvider:
             # which joins the pool by its labels (list_nodes) in a later pass.
             self._ask_capacity(pool, f"replaces/{node}", avoid=(node,))
         return new
+
+    def scaling_status(self, pool: PoolInfo, since) -> ScalingStatus:
+        """The Auto Scaling group's account of the asks (aws.py); Karpenter's
+        capacity pods wait in their own pending state instead."""
+        if not pool.settings.asg_name:
+            return ScalingStatus()
+        return self.aws().scaling_status(pool, since)
+
+    def release(self, pool: PoolInfo, node: str, provider_id: str) -> str | None:
+        if not pool.settings.asg_name or not provider_id.startswith("aws://"):
+            return ""
+        return self.aws().release(pool, provider_id)
 
     def inject_fault(self, pool: PoolInfo, node: str, kind: str) -> dict:
         raise PermanentError("fault injection is only for the local provider")

@@ -100,12 +100,16 @@ class KubePoolSettings:
         0.1, "share of a node's allocatable CPU/memory left to its DaemonSets", minimum=0)
     guaranteed_qos: bool = setting(True, "request CPU and memory equal to their limits")
     nccl_env: dict[str, str] = setting({}, "NCCL_* variables for this pool's ranks")
-    replace_timeout_s: float = setting(300.0, "wait for the ASG's new instance", minimum=0)
-    replace_poll_s: float = setting(5.0, "ASG polling period", minimum=0)
+    # Read and ignored: replacement no longer waits for the group's new
+    # instance (a later pass lists it). Kept so pools that set them still load.
+    replace_timeout_s: float = setting(300.0, "ignored (replacement does not wait)", minimum=0)
+    replace_poll_s: float = setting(5.0, "ignored (replacement does not wait)", minimum=0)
     spot_queue_url: str = setting("", "SQS queue of EC2 spot interruption notices")
     spot_foreign_visibility_s: int = setting(
         20, "seconds another cluster's notice stays hidden", minimum=0)
-    spot_max_batches: int = setting(10, "SQS receive calls per pass", minimum=1)
+    # A queue shared with other clusters holds their notices too; a sweep
+    # reads until the queue shows nothing new, up to this many batches of ten.
+    spot_max_batches: int = setting(50, "SQS receive calls per pass, at most", minimum=1)
 
 
 def replace_mode(pool_name: str, pool_settings: KubePoolSettings) -> str:

@@ -25,6 +25,7 @@ from ..base import (
     Placement,
     PoolInfo,
     PreflightResult,
+    ScalingStatus,
 )
 from . import attempts, faults, preflight, procs
 from .base_paths import LAUNCHER
@@ -128,6 +129,12 @@ class LocalProvider:
             old["replaced_by"] = new["name"]
         faults.kill_node(self.root, node)
         return self._info(pool, new)
+
+    def scaling_status(self, pool: PoolInfo, since) -> ScalingStatus:
+        return ScalingStatus()  # a logical node is there as soon as it is asked for
+
+    def release(self, pool: PoolInfo, node: str, provider_id: str) -> str | None:
+        return ""  # a retired logical node holds nothing
 
     # --- attempts ---------------------------------------------------------
     def launch(self, request: LaunchRequest) -> dict:
