@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+# About 90 s on a quiet 2-core machine; 400 s was not enough with four other
+# suites running beside it.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(920)]
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu_acceptance.py"
 
@@ -17,7 +19,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu_acceptance.py"
 def test_the_acceptance_run_passes_its_checks_on_cpu(tmp_path):
     out = tmp_path / "figures.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "--cpu-smoke", "--json", str(out)],
-                          capture_output=True, text=True, timeout=400)
+                          capture_output=True, text=True, timeout=900)
 
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "FAIL" not in proc.stdout
