@@ -6,6 +6,7 @@ browser a few hundred per series.
 """
 
 from checkpoints.models import Checkpoint
+from frontend import expert_load
 from jobs import series
 from jobs.models import MetricPoint, TrainingJob
 
@@ -83,10 +84,11 @@ def broken_at(series: dict, steps) -> dict:
     return {**series, "x": x, "y": y}
 
 
-def chart_data(job: TrainingJob, points: int = POINTS) -> dict:
+def chart_data(job: TrainingJob, points: int = POINTS, moe_layer: int | None = None) -> dict:
     throughput = throughput_name(job)
     restarts = restart_marks(job)
     return {
+        "moe": expert_load.heatmap(job, moe_layer),
         "loss": _series(job, "loss", points),
         "val_loss": _series(job, "val_loss", points),
         "throughput": broken_at(_series(job, throughput, points),

@@ -99,7 +99,9 @@ def job_live(request, pk: int):
     extra = {"phase": job.phase, "terminal": job.is_terminal, "step": job.current_step}
     # The page stops asking for charts once it has drawn a finished job.
     if request.GET.get("charts", "1") != "0":
-        extra["charts"] = charts.chart_data(job)
+        layer = request.GET.get("moe_layer", "")
+        extra["charts"] = charts.chart_data(job, moe_layer=int(layer) if layer.isdigit()
+                                            else None)
     ctx = _detail_context(request, job)
     extra["goodput"] = ctx["goodput"]["chart"]
     return live.fragments(request, DETAIL_PARTIALS, ctx, **extra)

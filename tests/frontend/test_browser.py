@@ -232,3 +232,35 @@ def test_restart_labels_never_overlap_and_throughput_breaks_at_restarts(
     ys = page.evaluate("document.getElementById('chart-throughput').data[0].y")
     assert None in ys
     shot(page, "job-crowded-restarts")
+
+
+def test_an_moe_job_s_page_draws_its_expert_load_as_a_heatmap_by_layer(
+        open_page, live_server, owner, team, cluster):
+    job = rich_job(team, cluster)
+    attempt = job.attempts.get(number=2)
+    steps = range(250, 300, 2)
+    for layer in (0, 1):
+        for expert in range(4):
+            # Layer 1's expert 3 takes more and more of the tokens.
+            metrics(job, attempt, f"moe/layer{layer}/expert{expert}_load", steps,
+                    value=lambda s, e=expert, lay=layer: 0.25 + (0.001 * (s - 250) * (
+                        1 if e == 3 else -1 / 3) if lay == 1 else 0.0))
+        metrics(job, attempt, f"moe/layer{layer}/dropped", steps, value=lambda s: 0.02)
+    dense = rich_job(team, cluster)
+    page = open_page(owner)
+
+    page.goto(f"{live_server.url}/jobs/{job.pk}/")
+    page.wait_for_selector("#chart-moe .hm")
+    assert page.is_visible("#moe-card")
+    data = page.evaluate("document.getElementById('chart-moe').data[0]")
+    assert data["type"] == "heatmap" and len(data["z"]) == 4 and len(data["x"]) == 25
+    assert data["z"][3][-1] == pytest.approx(0.25)
+    assert "2.0%" in page.inner_text("#moe-dropped")
+    page.select_option("#moe-layer", "1")
+    page.wait_for_function(
+        "document.getElementById('chart-moe').data[0].z[3].slice(-1)[0] > 0.29")
+    shot(page, "job-moe")
+
+    page.goto(f"{live_server.url}/jobs/{dense.pk}/")
+    page.wait_for_selector("#chart-loss .scatterlayer .trace path.js-line")
+    assert not page.is_visible("#moe-card")

@@ -167,6 +167,19 @@ def test_the_messages_say_what_is_wrong(api, owner, cluster):
     assert "learning_rate" in resp.data["hyperparameters"][0]
 
 
+def test_the_moe_preset_is_accepted_and_a_bad_expert_knob_is_refused_by_name(
+    api, owner, team, pool
+):
+    client = api(owner)
+    resp = client.post(URL, spec(hyperparameters={"model": "nano-moe", "moe_top_k": 1,
+                                                  "moe_capacity_factor": 1.5}), format="json")
+    assert resp.status_code == 201, resp.content
+    resp = client.post(URL, spec(name="moe-bad", hyperparameters={
+        "model": "nano-moe", "moe_top_k": 9}), format="json")
+    assert resp.status_code == 400, resp.content
+    assert "moe_top_k=9 must be within [1, moe_experts=8]" in resp.data["hyperparameters"][0]
+
+
 def test_it_refuses_a_body_that_is_not_an_object(api, owner, cluster):
     resp = api(owner).post(URL, [spec()], format="json")
     assert resp.status_code == 400

@@ -25,12 +25,30 @@ from typing import Any
 
 VOCAB_SIZE = 256  # byte-level tokens: no tokenizer to ship or download
 
+SHAPE_KEYS = ("n_layer", "n_head", "n_embd", "block_size")
+# The mixture-of-experts knobs a preset may set (see `TrainerConfig.moe`).
+MOE_KEYS = ("moe_experts", "moe_top_k", "moe_shared_experts", "moe_hidden")
+
 # Parameter counts are for vocab 256 (untied embeddings, so they are small).
+# The -moe presets scale down the routing of DeepSeek-V3 (256 routed experts,
+# 8 chosen per token, plus one shared expert that every token passes: 9
+# active): fine-grained experts, narrower than the dense MLP they replace.
 MODEL_PRESETS: dict[str, dict[str, int]] = {
     "nano": {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64},  # ~0.1M, unit tests
     "tiny": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 128},  # ~0.9M
     "small": {"n_layer": 10, "n_head": 16, "n_embd": 1024, "block_size": 1024},  # ~127M
     "medium": {"n_layer": 28, "n_head": 16, "n_embd": 1024, "block_size": 1024},  # ~354M
+    # 8 routed experts, 2 chosen, + 1 shared: 3 of 9 active. ~0.22M, unit tests.
+    "nano-moe": {"n_layer": 2, "n_head": 2, "n_embd": 64, "block_size": 64, "moe_experts": 8,
+                 "moe_top_k": 2, "moe_shared_experts": 1, "moe_hidden": 64},
+    # 16 routed, 2 chosen, + 1 shared. ~2.6M parameters, ~0.7M active a token.
+    "tiny-moe": {"n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 128, "moe_experts": 16,
+                 "moe_top_k": 2, "moe_shared_experts": 1, "moe_hidden": 128},
+    # 64 routed, 8 chosen, + 1 shared: 9 active, as DeepSeek-V3's 9 of 257.
+    # ~726M parameters, ~138M active a token.
+    "small-moe": {"n_layer": 10, "n_head": 16, "n_embd": 1024, "block_size": 1024,
+                  "moe_experts": 64, "moe_top_k": 8, "moe_shared_experts": 1,
+                  "moe_hidden": 512},
 }
 
 STRATEGIES = ("ddp", "fsdp")
@@ -81,6 +99,26 @@ class TrainerConfig:
     block_size: int | None = _f(None, "context length in bytes; overrides the preset")
     vocab_size: int = _f(VOCAB_SIZE, "byte-level vocabulary; must be 256")
     dropout: float = _f(0.0, "dropout probability in attention and MLP outputs")
+    # Mixture of experts: a -moe preset, or moe_experts on any preset
+    moe_experts: int | None = _f(
+        None, "routed experts in each block's feed-forward, which replace its dense MLP; "
+        "0 = dense; overrides the preset")
+    moe_top_k: int | None = _f(
+        None, "routed experts each token goes to, within [1, moe_experts]; overrides the "
+        "preset (default 2)")
+    moe_shared_experts: int | None = _f(
+        None, "experts every token passes through besides its routed ones; overrides the "
+        "preset (default 0)")
+    moe_hidden: int | None = _f(
+        None, "hidden width of each expert; overrides the preset (default "
+        "4 * n_embd / moe_top_k: the routed compute of a token then matches the dense MLP's)")
+    moe_capacity_factor: float = _f(
+        1.25, "an expert takes at most ceil(factor * tokens * moe_top_k / moe_experts) of a "
+        "micro-batch's tokens on its rank; the tokens past that are dropped by it (they go on "
+        "through the residual and their other experts)")
+    moe_aux_loss_coef: float = _f(
+        0.01, "weight of the load-balancing loss (Switch Transformer's, summed over blocks) "
+        "added to the training loss; 0 turns it off")
     # Optimisation
     batch_size: int = _f(8, "sequences per micro-batch, per rank")
     grad_accum_steps: int = _f(1, "micro-batches accumulated per optimizer step")
@@ -154,15 +192,34 @@ class TrainerConfig:
 
     def arch(self) -> dict[str, int]:
         """The model shape: the preset with any explicit overrides applied."""
-        shape = dict(MODEL_PRESETS[self.model])
-        for key in ("n_layer", "n_head", "n_embd", "block_size"):
-            if getattr(self, key) is not None:
-                shape[key] = getattr(self, key)
-        return shape
+        preset = MODEL_PRESETS[self.model]
+        return {key: preset[key] if getattr(self, key) is None else getattr(self, key)
+                for key in SHAPE_KEYS}
+
+    def moe(self) -> dict[str, Any] | None:
+        """The experts' shape (the preset's, with any explicit overrides and
+        the defaults filled in), or None for a dense model."""
+        knobs = self._moe_knobs()
+        if not knobs["moe_experts"]:
+            return None
+        top_k = 2 if knobs["moe_top_k"] is None else knobs["moe_top_k"]
+        hidden = knobs["moe_hidden"]
+        if hidden is None:
+            hidden = max(1, 4 * self.arch()["n_embd"] // max(1, top_k))
+        return {"moe_experts": knobs["moe_experts"], "moe_top_k": top_k,
+                "moe_shared_experts": knobs["moe_shared_experts"] or 0, "moe_hidden": hidden,
+                "moe_capacity_factor": self.moe_capacity_factor,
+                "moe_aux_loss_coef": self.moe_aux_loss_coef}
+
+    def _moe_knobs(self) -> dict[str, int | None]:
+        preset = MODEL_PRESETS.get(self.model, {})
+        return {key: preset.get(key) if getattr(self, key) is None else getattr(self, key)
+                for key in MOE_KEYS}
 
     def validate(self) -> None:
         problems = (self._choice_problems() + self._range_problems()
-                    + self._combination_problems() + self._shape_problems())
+                    + self._combination_problems() + self._shape_problems()
+                    + self._moe_problems())
         if problems:
             raise ConfigError("; ".join(problems))
 
@@ -213,6 +270,33 @@ class TrainerConfig:
         if shape["n_head"] >= 1 and shape["n_embd"] % shape["n_head"]:
             problems.append(
                 f"n_embd={shape['n_embd']} is not divisible by n_head={shape['n_head']}")
+        return problems
+
+    def _moe_problems(self) -> list[str]:
+        problems = []
+        if self.moe_capacity_factor <= 0:
+            problems.append(f"moe_capacity_factor={self.moe_capacity_factor} must be positive")
+        if self.moe_aux_loss_coef < 0:
+            problems.append(f"moe_aux_loss_coef={self.moe_aux_loss_coef} must not be negative")
+        if self.model not in MODEL_PRESETS:
+            return problems
+        knobs = self._moe_knobs()
+        experts = knobs["moe_experts"] or 0
+        if experts < 0:
+            return problems + [f"moe_experts={experts} must not be negative"]
+        if not experts:
+            # An expert knob on a dense model is a mistake, not a no-op.
+            return problems + [f"{key}={getattr(self, key)} needs moe_experts >= 1"
+                               for key in MOE_KEYS[1:] if getattr(self, key) is not None]
+        moe = self.moe() or {}
+        if not 1 <= moe["moe_top_k"] <= experts:
+            problems.append(f"moe_top_k={moe['moe_top_k']} must be within "
+                            f"[1, moe_experts={experts}]")
+        if moe["moe_shared_experts"] < 0:
+            problems.append(f"moe_shared_experts={moe['moe_shared_experts']} must not be "
+                            "negative")
+        if moe["moe_hidden"] < 1:
+            problems.append(f"moe_hidden={moe['moe_hidden']} must be at least 1")
         return problems
 
     def check_data(self, world_size: int, train_bytes: int, val_bytes: int) -> None:

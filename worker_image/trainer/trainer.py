@@ -29,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from trainer import data
 from trainer.config import TrainerConfig
 from trainer.model import GPT, GPTShape, param_groups
+from trainer.moe import expert_metrics
 
 log = logging.getLogger("trainer")
 
@@ -63,8 +64,13 @@ class Trainer:
             torch.use_deterministic_algorithms(True, warn_only=True)
         # Identical init on every rank (FSDP shards the full tensors it is given).
         torch.manual_seed(cfg.seed)
-        self.shape = GPTShape(vocab_size=cfg.vocab_size, dropout=cfg.dropout, **cfg.arch())
+        self.shape = GPTShape(vocab_size=cfg.vocab_size, dropout=cfg.dropout, **cfg.arch(),
+                              **(cfg.moe() or {}))
         model = GPT(self.shape).to(d.device)
+        # The unwrapped model, whose experts keep their last routing.
+        self.core = model
+        self.moe = bool(self.shape.moe_experts)
+        self.moe_window: torch.Tensor | None = None
         self.flops_per_token = model.flops_per_token()
         self.n_params = model.num_params()
         self.model = self._wrap(model)
@@ -186,12 +192,19 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         total = torch.zeros((), device=self.d.device)
+        routing = None
         for micro in range(cfg.grad_accum_steps):
             x, y = self._to_device(*self.sampler.next_batch())
             with self._micro_sync(micro == cfg.grad_accum_steps - 1), self._autocast():
                 loss = self.forward(x, y) / cfg.grad_accum_steps
             loss.backward()
             total += loss.detach()
+            if self.moe:
+                routing = self._routing(routing)
+        if self.moe:
+            # Device tensors only: the host reads them on log steps.
+            self.moe_window = routing / cfg.grad_accum_steps
+            total = self.moe_window[0]
         max_norm = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         if hasattr(norm, "full_tensor"):
@@ -202,6 +215,12 @@ class Trainer:
             time.sleep(faults.step_sleep_s)
         self.step += 1
         return total, norm
+
+    def _routing(self, so_far: torch.Tensor | None) -> torch.Tensor:
+        """The micro-batch's language-model loss (the reported loss, without
+        the balance term) and expert routing, added to the step's sum."""
+        stats = torch.cat([self.core.lm_loss.reshape(1), self.core.moe_stats()])
+        return stats if so_far is None else so_far + stats
 
     def run(self) -> int:
         cfg, d = self.cfg, self.d
@@ -279,11 +298,21 @@ class Trainer:
             self.run_.log({"val_loss": val}, step=self.step)
         return val
 
+    def _routing_points(self) -> dict[str, float]:
+        """The last step's expert load, averaged over ranks (every rank joins)."""
+        if not self.moe:
+            return {}
+        window = self.moe_window.detach().clone()
+        dist.all_reduce(window)
+        stats = (window / self.d.world_size).tolist()
+        return expert_metrics(stats[1:], self.shape.n_layer, self.shape.moe_experts)
+
     def _log_metrics(self, loss, norm, window_steps: int, window_start: float,
                      tokens_per_step: int) -> None:
         loss = loss.detach().clone()
         dist.all_reduce(loss)
         loss_v = loss.item() / self.d.world_size  # the one host sync, on log steps only
+        routing = self._routing_points()
         step_time = (time.perf_counter() - window_start) / window_steps
         tokens_s = tokens_per_step / step_time
         self.run_.status(
@@ -297,6 +326,7 @@ class Trainer:
                   "samples_per_s": tokens_s / self.shape.block_size}
         if self.peak_flops:
             points["mfu"] = self.flops_per_token * tokens_s / (self.peak_flops * self.d.world_size)
+        points.update(routing)
         self.run_.log(points, step=self.step)
         # cpu is this process's CPU seconds so far: benches compare it, as it is
         # immune to other load on the machine.

@@ -128,9 +128,48 @@
     Plotly.react("chart-throughput", [line(t, label, C.tput)].concat(markLegend(data)), layout, CONFIG);
   }
 
+  // Expert load of one MoE layer (shown only for jobs that report it): a
+  // heatmap of experts by step. The layer picked travels as moe_layer.
+  const moeCard = document.getElementById("moe-card");
+  const moeSelect = document.getElementById("moe-layer");
+  let moeLayer = "";
+
+  function drawExperts(moe) {
+    if (!moe || !moeCard) return;
+    moeCard.hidden = false;
+    const options = moe.layers.map(String).join(",");
+    if (moeSelect.dataset.options !== options) {
+      moeSelect.innerHTML = moe.layers.map((l) => '<option value="' + l + '">' + l + "</option>").join("");
+      moeSelect.dataset.options = options;
+    }
+    moeSelect.value = String(moe.layer);
+    const last = moe.dropped.y.length ? moe.dropped.y[moe.dropped.y.length - 1] : null;
+    document.getElementById("moe-dropped").textContent = last === null ? "" :
+      "dropped past capacity at step " + moe.dropped.x[moe.dropped.x.length - 1] + ": " + (100 * last).toFixed(1) + "%";
+    const layout = baseLayout("expert");
+    layout.yaxis.type = "category";
+    layout.margin.b = 48;
+    const trace = {
+      type: "heatmap", x: moe.x, y: moe.experts.map((e) => "expert " + e), z: moe.z,
+      colorscale: "Viridis", zmin: 0, hoverongaps: false,
+      colorbar: { title: { text: "share" }, thickness: 12 },
+      hovertemplate: "step %{x}<br>%{y}: %{z:.3f}<extra></extra>",
+    };
+    Plotly.react("chart-moe", [trace], layout, CONFIG);
+  }
+
+  if (moeSelect) {
+    moeSelect.addEventListener("change", function () {
+      moeLayer = moeSelect.value;
+      finalDrawn = false; // a finished job's other layer still needs its one draw
+      root.dataset.liveParams = "moe_layer=" + moeLayer;
+    });
+  }
+
   function draw(charts) {
     drawLoss(charts);
     drawThroughput(charts);
+    drawExperts(charts.moe);
   }
 
   function clearLoading() {
@@ -156,6 +195,7 @@
     // A finished job's series no longer change: one last draw, then stop asking.
     if (d.terminal && d.charts) finalDrawn = true;
     const want = d.terminal ? !finalDrawn : !heavy || polls % HEAVY_EVERY === 0;
-    root.dataset.liveParams = want ? "" : "charts=0";
+    const layerParam = moeLayer ? "moe_layer=" + moeLayer : "";
+    root.dataset.liveParams = want ? layerParam : "charts=0";
   });
 })();
