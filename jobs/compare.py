@@ -46,7 +46,8 @@ def parse_job_ids(raw: list[str]) -> list[int]:
     for part in (p.strip() for value in raw for p in str(value).split(",")):
         if not part:
             continue
-        if not part.isdigit() or not 0 < int(part) < 2**31:
+        # isdigit alone takes "²" and other digits int() refuses.
+        if not (part.isascii() and part.isdigit()) or not 0 < int(part) < 2**31:
             raise ValueError(f"{part[:20]!r} is not a job id.")
         if int(part) not in ids:
             ids.append(int(part))
