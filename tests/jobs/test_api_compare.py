@@ -126,7 +126,8 @@ def test_anonymous_callers_are_refused(two):
 
 @pytest.mark.parametrize(("query", "field"), [
     ("", "jobs"), ("jobs=", "jobs"), ("jobs=a,b", "jobs"), ("jobs=-3", "jobs"),
-    ("jobs=99999999999", "jobs"), ("jobs=%C2%B2", "jobs"), ("jobs={a}&x=epoch", "x"), ("jobs={a}&points=1", "points"),
+    ("jobs=99999999999", "jobs"),
+    ("jobs=%C2%B2", "jobs"), ("jobs={a}&x=epoch", "x"), ("jobs={a}&points=1", "points"),
     ("jobs={a}&points=99999", "points"), ("jobs={a}&metric=" + "m" * 65, "metric"),
 ])
 def test_bad_input_is_400_naming_the_field(owner, two, query, field):
