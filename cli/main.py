@@ -20,6 +20,7 @@ from . import output
 from . import profiles as profiling
 from .base import State, json_flag
 from .client import Client, CliError, Config, save_config
+from .compare import compare, tensorboard
 from .watch import TERMINAL, watch_job
 from .webhooks import webhooks
 
@@ -488,6 +489,8 @@ def download(state: State, artifact_id: int, out: Path | None, only: str | None)
 
 
 cli.add_command(webhooks)
+cli.add_command(compare)
+cli.add_command(tensorboard)
 
 
 def main(argv=None):

@@ -16,6 +16,7 @@ urlpatterns = [
     path("nodes/<int:pk>/<slug:action>/", views.node_action, name="node-action"),
     path("jobs/", views.job_list, name="jobs"),
     path("jobs/live/", views.job_list_live, name="jobs-live"),
+    path("compare/", views.compare_jobs, name="compare"),
     path("jobs/<int:pk>/", views.job_detail, name="job"),
     path("jobs/<int:pk>/live/", views.job_live, name="job-live"),
     path("jobs/<int:pk>/checkpoints/", views.job_checkpoints, name="job-checkpoints"),

@@ -2,6 +2,7 @@ from django.urls import path
 
 from .views import (
     checkpoints,
+    compare,
     downloads,
     goodput,
     job_actions,
@@ -23,6 +24,7 @@ app_name = "jobs"
 
 urlpatterns = [
     path("jobs/", job_list.JobListView.as_view(), name="job-list"),
+    path("jobs/compare/", compare.CompareView.as_view(), name="job-compare"),
     path("jobs/<int:pk>/", job_detail.JobDetailView.as_view(), name="job-detail"),
     path("jobs/<int:pk>/cancel/", job_actions.JobCancelView.as_view(), name="job-cancel"),
     path("jobs/<int:pk>/checkpoint/", job_actions.JobCheckpointView.as_view(),
@@ -37,6 +39,8 @@ urlpatterns = [
     path("jobs/<int:pk>/metrics/", job_metrics.JobMetricsView.as_view(), name="job-metrics"),
     path("jobs/<int:pk>/metrics/names/", job_metrics.JobMetricNamesView.as_view(),
          name="job-metric-names"),
+    path("jobs/<int:pk>/metrics/tensorboard/", compare.JobTensorBoardView.as_view(),
+         name="job-metrics-tensorboard"),
     path("jobs/<int:pk>/goodput/", goodput.JobGoodputView.as_view(), name="job-goodput"),
     path("jobs/<int:pk>/checkpoints/", checkpoints.JobCheckpointListView.as_view(),
          name="job-checkpoints"),
