@@ -201,3 +201,21 @@ def test_sigterm_gives_an_emergency_checkpoint_on_every_rank_and_exit_83(tmp_pat
     assert store.verify(stops[0]) == (True, "ok")
     status = json.loads((run.status / "rank-0.json").read_text())
     assert status["failure_class"] == "preempted" and status["step"] == stops[0]
+
+
+def test_a_step_redone_after_a_resume_from_an_older_one_is_committed_again(tmp_path):
+    """step-6 no longer verifies, so the rerun resumes from step 3 and writes
+    step 6 again into the folder that still holds step 6's old marker and
+    manifest: the new files are committed, not the old marker listed as one
+    of them (which crashed the save)."""
+    first = Program(tmp_path, "files", tmp_path / "ckpt", steps=6, mode="files").wait()
+    assert first.proc.returncode == 0, first.log()[-3000:]
+    (tmp_path / "ckpt" / "step-6" / "rank-0.pt").write_bytes(b"torn")
+
+    second = Program(tmp_path, "files-more", tmp_path / "ckpt", steps=9, mode="files").wait()
+
+    assert second.proc.returncode == 0, second.log()[-3000:]
+    assert second.lines(0, "save") == [6]
+    store = open_storage(str(tmp_path / "ckpt"))
+    assert store.committed_steps() == [3, 6, 9]
+    assert store.verify(6) == (True, "ok")

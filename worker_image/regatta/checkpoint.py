@@ -136,6 +136,12 @@ class Checkpointer:
             self.commit_pending()
         started = time.monotonic()
         target = self.step_dir(step)
+        if folder is None:
+            # Every rank may write into the one step folder: list it only
+            # once all have finished writing, or a rank hashes a peer's file
+            # half-written (and its entry, a wrong size, commits a checkpoint
+            # that never verifies).
+            dist.barrier(group=self.d.ckpt_group)
         try:
             mine = _copy_in(Path(folder), target) if folder is not None else _files_in(target)
             local = self._pool.submit(self._finish_files, step, target, mine)
@@ -333,7 +339,21 @@ def _pickled(rank_state: Any) -> bytes | None:
 
 
 def _files_in(root: Path) -> list[str]:
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    """The files a step folder holds, less a manifest and marker (of an
+    earlier commit of this step: the commit writes its own)."""
+    return sorted(rel for rel in (str(p.relative_to(root)) for p in root.rglob("*")
+                                  if p.is_file()) if rel not in (mf.MANIFEST, mf.MARKER))
+
+
+def open_for_writing(folder: Path) -> Path:
+    """A step folder a program writes into: an earlier attempt's commit of
+    the same step (being redone after a resume from an older one) stops
+    counting as committed before any file in it changes. Any rank may call
+    it, in any order: it removes only the marker and the manifest."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in (mf.MARKER, mf.MANIFEST):
+        (folder / name).unlink(missing_ok=True)
+    return folder
 
 
 def _copy_in(folder: Path, target: Path) -> list[str]:

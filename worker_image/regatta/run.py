@@ -24,7 +24,7 @@ import torch
 from regatta import dist as rdist
 from regatta import gpu, loading, preemption, reporting
 from regatta.agreement import Decision, Directives
-from regatta.checkpoint import Checkpointer
+from regatta.checkpoint import Checkpointer, open_for_writing
 from regatta.exits import EXIT_OK, EXIT_PREEMPTED, FAILURE_CLASS
 from regatta.launch import Launch
 from regatta.loading import Resumed
@@ -204,8 +204,13 @@ class Run:
     def checkpoint_dir(self, step: int) -> Path:
         """A local folder to write step-N's files into, for `checkpoint_files`."""
         path = self.ckpt.step_dir(step)
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        pending = self.ckpt.pending
+        if self.ckpt.last_committed == step or (pending is not None and pending.step == step):
+            # Saved already in this run (a periodic save, then the stop
+            # path's at the same step): `checkpoint_files` keeps that commit.
+            path.mkdir(parents=True, exist_ok=True)
+            return path
+        return open_for_writing(path)
 
     def checkpoint_files(self, step: int, folder: str | os.PathLike | None = None) -> bool:
         """Commit files the program wrote (an HF `save_pretrained` folder, a
