@@ -51,4 +51,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # As the SDK exits (regatta.run._exit): a gloo rank that leaves without
+    # destroying its process group can abort in interpreter teardown (c10d
+    # destructors), and a drained rank's 83 would read as SIGABRT.
+    os._exit(exit_code)
