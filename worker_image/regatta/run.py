@@ -204,8 +204,7 @@ class Run:
     def checkpoint_dir(self, step: int) -> Path:
         """A local folder to write step-N's files into, for `checkpoint_files`."""
         path = self.ckpt.step_dir(step)
-        pending = self.ckpt.pending
-        if self.ckpt.last_committed == step or (pending is not None and pending.step == step):
+        if self._holds(step):
             # Saved already in this run (a periodic save, then the stop
             # path's at the same step): `checkpoint_files` keeps that commit.
             path.mkdir(parents=True, exist_ok=True)
@@ -230,6 +229,10 @@ class Run:
         async save in flight is finished first."""
         if self.stopping:
             self.settle()
+        return self._holds(step)
+
+    def _holds(self, step: int) -> bool:
+        """Step-N committed by this run, or its save in flight."""
         pending = self.ckpt.pending
         return self.ckpt.last_committed == step or (pending is not None and pending.step == step)
 
