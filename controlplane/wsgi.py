@@ -3,4 +3,11 @@ import os
 from django.core.wsgi import get_wsgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
-application = get_wsgi_application()
+django_application = get_wsgi_application()
+
+# Imported once Django is set up: it reaches the models.
+from jobs.views.worker_fast import WorkerFastPath  # noqa: E402
+
+# The ranks' metric batches and heartbeats are answered ahead of the request
+# stack when well formed; everything else is Django's (jobs/views/worker_fast.py).
+application = WorkerFastPath(django_application)
