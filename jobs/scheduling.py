@@ -203,7 +203,8 @@ class _Pass:
         quota = team.quota
         if quota is None:
             return f"no quota on cluster {cluster.name}"
-        if team.jobs >= quota.max_running_jobs:
+        # An eval run is part of a job that already counts (jobs/evals.py).
+        if not job.is_eval and team.jobs >= quota.max_running_jobs:
             return (f"team runs {team.jobs} jobs on cluster {cluster.name}; "
                     f"quota allows {quota.max_running_jobs}")
         blocker = self.blocked_by.get(pool.id)
