@@ -22,6 +22,7 @@ DETAIL_PARTIALS = {
     "job-events": "frontend/partials/job_events.html",
     "job-goodput": "frontend/partials/job_goodput.html",
     "job-profiles": "frontend/partials/job_profiles.html",
+    "job-evals": "frontend/partials/job_evals.html",
 }
 
 
@@ -76,6 +77,7 @@ def _detail_context(request, job):
         "loadable": jobdetail.LOADABLE,
         "events": jobdetail.events(job),
         "preemptions": jobdetail.preemptions(job),
+        "evals": jobdetail.evals(job),
         "event_count": job.events.count(),
         "goodput": jobdetail.job_goodput(job),
         "interval": jobdetail.interval(job),
