@@ -92,7 +92,7 @@ def schedule(job: TrainingJob, now, storage=None) -> list[TrainingJob]:
     """Make the eval runs the parent's policy asks for and does not have;
     each checkpoint is verified first (only a verified one is evaluated).
     Idempotent. Returns the runs made by this call."""
-    if job.is_eval or not job.eval_policy:
+    if job.is_eval or not job.eval_policy or job.cancel_requested_at is not None:
         return []
     made = []
     for checkpoint in _candidates(job):
@@ -189,10 +189,20 @@ def note_phase(run: TrainingJob, before: str, now) -> None:
         return
     metrics = (run.eval_result or {}).get("metrics", {})
     evidence = {"eval_job": run.pk, "step": run.eval_step, "phase": run.phase, **metrics}
+    attempts = list(run.attempts.order_by("-number")[:2])
+    if run.phase == Phase.STARTING and len(attempts) > 1:
+        # A restart without backoff relaunches in the pass that saw the
+        # failure: the parent hears of the restart, with its cause.
+        kind = "EvalRestarted"
+        evidence.update(attempt=attempts[0].number, failure_class=attempts[1].failure_class,
+                        failure_reason=attempts[1].failure_reason[:300])
     if run.phase == Phase.SUCCEEDED and "val_loss" in metrics:
         message = f"step {run.eval_step}: val_loss {metrics['val_loss']:.4f}"
         if "val_perplexity" in metrics:
             message += f", perplexity {metrics['val_perplexity']:.2f}"
+    elif kind == "EvalRestarted":
+        message = (f"eval run #{run.pk} of step {run.eval_step}: attempt "
+                   f"{evidence['attempt']} after {evidence['failure_class'] or 'a stop'}")
     else:
         message = f"eval run #{run.pk} of step {run.eval_step}: {run.phase}"
         if run.phase == Phase.QUEUED:
