@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 
 from django.db import IntegrityError, transaction
+from django.db.models import Max
 
 from checkpoints import verification
 from checkpoints.models import Checkpoint
@@ -76,16 +77,20 @@ def picks(policy: dict, ordinal: int) -> bool:
 
 
 def _candidates(job: TrainingJob) -> list[Checkpoint]:
-    """The parent's loadable checkpoints the policy picks that no eval run
-    covers yet. The ordinal counts every checkpoint the interval produced,
-    deleted and corrupt ones too (their rows stay), so it never shifts;
-    emergency saves and those on an abandoned branch are no part of it."""
-    covered = set(job.evals.values_list("eval_step", flat=True))
+    """The parent's loadable checkpoints past its newest evaluated step that
+    the policy picks. The ordinal counts every checkpoint the interval
+    produced, deleted and corrupt ones too (their rows stay), so it never
+    shifts; emergency saves and those on an abandoned branch are no part of
+    it. Only the rows past the newest evaluated step are read (a pass runs
+    every second or so, and a long job has thousands of rows): one older
+    that could not be read when its turn came is not gone back to."""
+    newest = job.evals.aggregate(newest=Max("eval_step"))["newest"]
     rows = (Checkpoint.objects.filter(job=job, emergency=False)
             .exclude(state=Checkpoint.State.ABANDONED).order_by("step"))
-    return [c for ordinal, c in enumerate(rows, start=1)
-            if c.state in Checkpoint.LOADABLE and c.step not in covered
-            and picks(job.eval_policy, ordinal)]
+    before = rows.filter(step__lte=newest).count() if newest is not None else 0
+    fresh = rows.filter(step__gt=newest) if newest is not None else rows
+    return [c for ordinal, c in enumerate(fresh, start=before + 1)
+            if c.state in Checkpoint.LOADABLE and picks(job.eval_policy, ordinal)]
 
 
 def schedule(job: TrainingJob, now, storage=None) -> list[TrainingJob]:

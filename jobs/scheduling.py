@@ -100,7 +100,9 @@ def quota_usage(quotas) -> dict[int, dict]:
     held = {(r["team_id"], r["cluster_id"]): r for r in (
         holding.filter(team_id__in={t for t, _ in pairs})
         .values("team_id", "cluster_id")
-        .annotate(gpus=Sum(F("num_nodes") * F("gpus_per_node")), jobs=Count("id"),
+        # Eval runs count against the GPUs, not the running jobs (jobs/evals.py).
+        .annotate(gpus=Sum(F("num_nodes") * F("gpus_per_node")),
+                  jobs=Count("id", filter=~Q(kind=TrainingJob.Kind.EVAL)),
                   borrowed=Sum("borrowed_gpus")))}
     lent: dict[tuple[int, int], int] = defaultdict(int)
     for cluster_id, borrowed_from in holding.filter(borrowed_gpus__gt=0).values_list(

@@ -10,6 +10,7 @@ import re
 
 from django.db.models import Q
 from rest_framework import serializers
+from rest_framework.fields import empty
 
 from accounts.permissions import is_operator
 from checkpoints import confinement
@@ -60,6 +61,14 @@ class EvalSpecValidator(StrictSerializer):
     max_batches = StrictIntegerField(required=False, min_value=1, max_value=10_000)
     samples = StrictIntegerField(required=False, min_value=0, max_value=16)
     sample_tokens = StrictIntegerField(required=False, min_value=1, max_value=512)
+
+    def run_validation(self, data=empty):
+        # Nested, the block may be absent (a form post has no `eval` at all):
+        # skipped as any optional field is, before the strict object check.
+        is_empty, data = self.validate_empty_values(data)
+        if is_empty:
+            return data
+        return super().run_validation(data)
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
