@@ -106,7 +106,11 @@ def job_live(request, pk: int):
                                             else None)
     ctx = _detail_context(request, job)
     extra["goodput"] = ctx["goodput"]["chart"]
-    return live.fragments(request, DETAIL_PARTIALS, ctx, **extra)
+    partials = DETAIL_PARTIALS
+    if not (job.eval_policy or ctx["evals"]):
+        # The page has no Evaluations section to refresh (job.html).
+        partials = {k: v for k, v in partials.items() if k != "job-evals"}
+    return live.fragments(request, partials, ctx, **extra)
 
 
 def _history(request, pk: int, template: str, rows, name: str):
