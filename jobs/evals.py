@@ -105,7 +105,9 @@ def schedule(job: TrainingJob, now, storage=None) -> list[TrainingJob]:
             storage = storage or open_job_storage(job)
             ok, _ = verification.verify(checkpoint, storage, now)
             if not ok:
-                continue  # corrupt: never evaluated; unreadable: the next pass tries again
+                # Corrupt: never evaluated. Unreadable: a later pass tries
+                # again, unless a newer checkpoint's run was made first.
+                continue
         run = _make(job, checkpoint, now)
         if run is not None:
             made.append(run)
