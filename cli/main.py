@@ -173,6 +173,9 @@ def show(state: State, job_id: int):
          else None),
         ("Checkpoints", f"every {interval} steps ({policy}), keep {job.get('keep_last')}"),
         ("Restarts", output.restarts(job)),
+        ("Evaluates", f"step {job['eval_step']} of job {job['parent']}"
+         if job.get("parent") else None),
+        ("Evaluation", _eval_policy(job.get("eval"))),
         ("Storage", job.get("storage_uri")),
         ("Submitted", f"{job.get('created_at')} by {job.get('created_by') or '-'}"),
     ]
@@ -180,6 +183,14 @@ def show(state: State, job_id: int):
     for key, value in lines:
         if value:
             click.echo(f"{key.ljust(width)}  {value}")
+
+
+def _eval_policy(policy: dict | None) -> str | None:
+    if not policy:
+        return None
+    which = ("every checkpoint" if policy.get("every_checkpoint")
+             else f"every {policy.get('every_n_checkpoints')} checkpoints")
+    return f"{which} on pool {policy.get('pool')} (`regatta evals`)"
 
 
 @cli.command()
@@ -225,6 +236,28 @@ def checkpoints(state: State, job_id: int):
              output.age(c.get("created_at")), c["uri"]]
             for c in sorted(items, key=lambda c: -c["step"])]
     output.table(rows, ["STEP", "STATE", "SIZE", "SAVE", "AGE", "URI"])
+
+
+@cli.command(name="evals")
+@click.argument("job_id", type=int)
+@click.option("--samples", is_flag=True, help="Print each run's generated samples too.")
+@json_flag
+def eval_runs(state: State, job_id: int, samples: bool):
+    """The job's eval runs, by checkpoint step: phase, val_loss, perplexity."""
+    items = state.client.get(f"jobs/{job_id}/evals/")
+    if state.as_json:
+        output.emit_json(items)
+        return
+    rows = [[e["eval_step"], e["id"], e["phase"], output.number(e["metrics"].get("val_loss")),
+             output.number(e["metrics"].get("val_perplexity")), e.get("attempts", 0),
+             output.truncate(e.get("pending_reason") or e.get("last_error"), 50)]
+            for e in items]
+    output.table(rows, ["STEP", "RUN", "PHASE", "VAL_LOSS", "PERPLEXITY", "ATTEMPTS", "NOTE"])
+    if samples:
+        for e in items:
+            for s in e.get("samples") or []:
+                click.echo(f"step {e['eval_step']}: {s.get('prompt', '')!r} -> "
+                           f"{s.get('completion', '')!r}")
 
 
 @cli.command()

@@ -8,6 +8,8 @@ lists live on their own paginated pages (views.jobs.job_checkpoints,
 job_attempts), which are not polled.
 """
 
+from django.db.models import Count
+
 from checkpoints.models import Checkpoint
 from jobs import goodput as ledger
 from jobs.models import GoodputEntry, TrainingJob
@@ -15,10 +17,12 @@ from jobs.models import GoodputEntry, TrainingJob
 EVENT_LIMIT = 200
 CHECKPOINT_ROWS = 20
 ATTEMPT_ROWS = 10
+EVAL_ROWS = 20
 GOODPUT_ORDER = [c.value for c in GoodputEntry.Category]
 GOODPUT_LABELS = dict(GoodputEntry.Category.choices)
 QUEUED = GoodputEntry.Category.QUEUED
 PRODUCTIVE = GoodputEntry.Category.PRODUCTIVE
+EVAL = GoodputEntry.Category.EVAL
 LOADABLE = tuple(s.value for s in Checkpoint.LOADABLE)
 
 
@@ -54,6 +58,19 @@ def preemptions(job: TrainingJob) -> list[dict]:
     return [{"at": e.created_at, "message": e.message, **(e.evidence or {})} for e in rows]
 
 
+def evals(job: TrainingJob) -> list[dict]:
+    """The job's newest eval runs (jobs/evals.py), by checkpoint step, with
+    what they reported."""
+    rows = reversed(TrainingJob.objects.filter(parent=job)
+                    .annotate(attempt_count=Count("attempts"))
+                    .order_by("-eval_step")[:EVAL_ROWS])
+    return [{"pk": r.pk, "eval_step": r.eval_step, "phase": r.phase,
+             "pending_reason": r.pending_reason if r.phase == "queued" else "",
+             "attempt_count": r.attempt_count,
+             "metrics": (r.eval_result or {}).get("metrics") or {},
+             "samples": (r.eval_result or {}).get("samples") or []} for r in rows]
+
+
 def events(job: TrainingJob):
     """The newest events, shown newest first."""
     return job.events.select_related("attempt").order_by("-created_at", "-id")[:EVENT_LIMIT]
@@ -66,10 +83,12 @@ def ledger_view(entries) -> dict:
 
     Queueing holds no GPUs: its row shows the wait, never GPU-hours, and it
     counts neither as held nor as lost, as in the ledger's goodput ratio.
+    Eval runs' GPU-hours (a team's page) are shown on their own row, apart
+    from training's held, productive and lost time.
     """
     summary = ledger.summarize(entries)
     cats = summary["categories"]
-    held_s = sum(v["gpu_seconds"] for k, v in cats.items() if k != QUEUED)
+    held_s = sum(v["gpu_seconds"] for k, v in cats.items() if k not in (QUEUED, EVAL))
     rows = []
     for cat in GOODPUT_ORDER:
         line = cats.get(cat) or {"seconds": 0.0, "gpu_seconds": 0.0}
@@ -80,13 +99,13 @@ def ledger_view(entries) -> dict:
         rows.append({
             "category": cat, "label": GOODPUT_LABELS[cat], "seconds": line["seconds"],
             "holds_gpus": holds, "gpu_seconds": gpu_s, "gpu_hours": gpu_s / 3600.0,
-            "share": (gpu_s / held_s) if (holds and held_s) else None,
+            "share": (gpu_s / held_s) if (holds and held_s and cat != EVAL) else None,
         })
     productive_s = cats[PRODUCTIVE]["gpu_seconds"]
     ratio = summary["goodput_ratio"]
     return {
         "rows": rows,
-        "chart": [r for r in rows if r["holds_gpus"]],
+        "chart": [r for r in rows if r["holds_gpus"] and r["category"] != EVAL],
         "held": held_s / 3600.0,
         "productive": productive_s / 3600.0,
         "lost": (held_s - productive_s) / 3600.0,

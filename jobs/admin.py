@@ -91,7 +91,7 @@ class TrainingJobAdmin(admin.ModelAdmin):
 
     list_display = ("id", "name", "team", "cluster", "phase", "num_nodes", "gpus_per_node",
                     "current_step", "pending_reason", "created_at")
-    list_filter = ("phase", "cluster", "team", "strategy")
+    list_filter = ("phase", "kind", "cluster", "team", "strategy")
     search_fields = ("name",)
     inlines = [JobAttemptInline, JobEventInline]
     actions = ["cancel"]

@@ -81,10 +81,13 @@ def on_abandoned_branch(job, attempt, step: int) -> bool:
 def protected_steps(job) -> set[int]:
     """Steps a restart is bound to: the one a person asked to restart from
     (restart_from_step, or the checkpoint that request resolves to, the newest
-    loadable at or below it) and the resume point of every attempt still
-    preflighting, starting or running."""
+    loadable at or below it), the resume point of every attempt still
+    preflighting, starting or running, and every step an eval run that has
+    not ended has yet to read (jobs/evals.py)."""
     steps = set(JobAttempt.objects.filter(job=job, resume_step__isnull=False)
                 .exclude(state__in=JobAttempt.ENDED).values_list("resume_step", flat=True))
+    steps |= set(TrainingJob.objects.filter(parent=job).exclude(
+        phase__in=TrainingJob.TERMINAL).values_list("eval_step", flat=True))
     job.refresh_from_db(fields=["restart_from_step"])
     asked = job.restart_from_step
     if asked is not None:
@@ -122,9 +125,11 @@ def sweep_retention(now) -> int:
     a committed folder whose report was lost with its rank gets its row here,
     or it would never be pruned."""
     total = 0
+    # An eval run writes no checkpoints: it reads its parent's, whose own
+    # retention spares them while it runs.
     jobs = TrainingJob.objects.filter(
         Q(checkpoints__state__in=Checkpoint.LOADABLE) | Q(phase__in=TrainingJob.HOLDS_GPUS)
-    ).distinct()
+    ).exclude(kind=TrainingJob.Kind.EVAL).distinct()
     for job in jobs:
         try:
             storage = open_job_storage(job)

@@ -19,6 +19,10 @@ Categories, and when they are booked:
   (or a start after going back to the queue) from its admission.
 gpu_seconds = seconds × the job's GPUs.
 
+An eval run's lines (jobs/evals.py) are all booked as `eval`, whatever they
+were spent on, so a team's productive and lost training time never mixes
+with its evaluations'; its queueing (no GPUs held) stays `queued`.
+
 While an attempt runs, each reconcile pass keeps its productive and
 checkpoint lines current (`book_running`), so the ledger, and the API that
 sums it, shows a running job's time so far. They carry the same keys as the
@@ -38,12 +42,18 @@ from .models import GoodputEntry, JobAttempt
 Category = GoodputEntry.Category
 
 
+def _category(job, category: str) -> str:
+    if job.is_eval and category != Category.QUEUED:
+        return Category.EVAL
+    return category
+
+
 def book(job, category: str, seconds: float, key: str, *, attempt=None, detail: str = "",
          now=None) -> GoodputEntry | None:
     seconds = max(0.0, float(seconds))
     defaults = {
-        "category": category, "seconds": seconds, "gpu_seconds": seconds * job.world_size,
-        "attempt": attempt, "detail": detail[:300],
+        "category": _category(job, category), "seconds": seconds,
+        "gpu_seconds": seconds * job.world_size, "attempt": attempt, "detail": detail[:300],
     }
     if now is not None:
         defaults["created_at"] = now
@@ -59,8 +69,9 @@ def _settle(job, category: str, seconds: float, key: str, *, attempt, detail: st
             now) -> None:
     """Book an ended attempt's line, replacing the running figure kept under its key."""
     seconds = max(0.0, float(seconds))
-    fields = {"category": category, "seconds": seconds, "gpu_seconds": seconds * job.world_size,
-              "attempt": attempt, "detail": detail[:300], "created_at": now}
+    fields = {"category": _category(job, category), "seconds": seconds,
+              "gpu_seconds": seconds * job.world_size, "attempt": attempt,
+              "detail": detail[:300], "created_at": now}
     if GoodputEntry.objects.filter(job=job, key=key).update(**fields):
         return
     try:
@@ -75,8 +86,9 @@ def _keep_current(job, category: str, seconds: float, key: str, *, attempt, deta
     """Set a live attempt's line to its figure so far; never touch it once the
     attempt has ended (its final line is booked then)."""
     seconds = max(0.0, float(seconds))
-    fields = {"category": category, "seconds": seconds, "gpu_seconds": seconds * job.world_size,
-              "detail": detail[:300], "created_at": now}
+    fields = {"category": _category(job, category), "seconds": seconds,
+              "gpu_seconds": seconds * job.world_size, "detail": detail[:300],
+              "created_at": now}
     if GoodputEntry.objects.filter(job=job, key=key, attempt__ended_at__isnull=True).update(
             **fields):
         return
@@ -179,6 +191,8 @@ def summarize(entries) -> dict:
     out = {c.value: {"seconds": 0.0, "gpu_seconds": 0.0} for c in Category}
     for row in rows:
         out[row["category"]] = {"seconds": row["s"] or 0.0, "gpu_seconds": row["g"] or 0.0}
-    held = sum(v["gpu_seconds"] for k, v in out.items() if k != Category.QUEUED)
+    # Eval runs' GPU time is shown apart, never in training's ratio.
+    held = sum(v["gpu_seconds"] for k, v in out.items()
+               if k not in (Category.QUEUED, Category.EVAL))
     productive = out[Category.PRODUCTIVE]["gpu_seconds"]
     return {"categories": out, "goodput_ratio": (productive / held) if held else None}

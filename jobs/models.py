@@ -81,6 +81,11 @@ def default_restart_budgets():
 # The condition a job running a program that sends no heartbeats carries.
 NO_HEARTBEATS = "NoHeartbeats"
 
+# An eval run's priority: below any a training job may be given (the spec's
+# priority is -1000..1000, jobs/validators.py), so within its team every
+# training job goes first and may preempt it (jobs/evals.py).
+EVAL_PRIORITY = -1001
+
 
 class TrainingJob(models.Model):
     STATE_FIELD, STATE_KIND = "phase", "job"
@@ -109,6 +114,12 @@ class TrainingJob(models.Model):
     class CheckpointPolicy(models.TextChoices):
         STEPS = "steps", "Every N steps"
         AUTO = "auto", "Auto (Young/Daly)"
+
+    class Kind(models.TextChoices):
+        TRAIN = "train", "Training"
+        # A short run that evaluates one of its parent's checkpoints on spare
+        # capacity (jobs/evals.py); it never writes checkpoints of its own.
+        EVAL = "eval", "Evaluation"
 
     class Completion(models.TextChoices):
         # What "done" means. A program of the job's own promises nothing but
@@ -160,6 +171,15 @@ class TrainingJob(models.Model):
     restart_from_step = models.PositiveIntegerField(null=True, blank=True)
     generation = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    # Evaluation (jobs/evals.py). On a training job, `eval_policy` is the
+    # spec's `eval` block (empty: none). An eval run is a job of its own,
+    # made by its parent's reconcile: `parent` and the checkpoint step it
+    # evaluates are its spec; `eval_result` is what it reported.
+    kind = models.CharField(max_length=5, choices=Kind.choices, default=Kind.TRAIN)
+    eval_policy = models.JSONField(default=dict, blank=True)
+    parent = models.ForeignKey("self", on_delete=models.CASCADE, null=True, blank=True,
+                               related_name="evals")
+    eval_step = models.PositiveIntegerField(null=True, blank=True)
 
     # --- status (the reconciler's) -------------------------------------------
     phase = models.CharField(max_length=12, choices=Phase.choices, default=Phase.PENDING)
@@ -192,9 +212,16 @@ class TrainingJob(models.Model):
     # Set when a preemption sends the job back to the queue: it goes first
     # among its team's jobs of its priority; cleared at its next admission.
     preempted_at = models.DateTimeField(null=True, blank=True)
+    eval_result = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        constraints = [
+            # A checkpoint is evaluated by one run: a reconcile that runs
+            # twice, or on two workers, makes it once.
+            models.UniqueConstraint(fields=["parent", "eval_step"], name="uniq_eval_per_step",
+                                    condition=models.Q(parent__isnull=False)),
+        ]
         indexes = [
             models.Index(fields=["cluster", "phase"]),
             models.Index(fields=["team", "phase"]),
@@ -214,6 +241,10 @@ class TrainingJob(models.Model):
     def world_size(self) -> int:
         """Ranks in the gang, one per GPU: the GPUs it holds."""
         return self.num_nodes * self.gpus_per_node
+
+    @property
+    def is_eval(self) -> bool:
+        return self.kind == self.Kind.EVAL
 
     @property
     def is_terminal(self) -> bool:
@@ -701,6 +732,9 @@ class GoodputEntry(models.Model):
         QUEUED = "queued", "Queueing"
         # Work a preempted gang lost because it could not checkpoint in time.
         PREEMPTION = "preemption", "Work lost to preemption"
+        # An eval run's GPU time, whatever it was spent on: kept apart from
+        # training's productive and lost time (jobs/evals.py).
+        EVAL = "eval", "Evaluation runs"
 
     job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="goodput")
     attempt = models.ForeignKey(

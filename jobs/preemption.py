@@ -32,9 +32,12 @@ def ask_victims(waiter: TrainingJob, room: Room, team_names: dict, now, wait_s: 
         JobAttempt.objects.filter(pk=attempt.pk).update(
             checkpoint_request_id=request_id, checkpoint_requested_at=now, stop_requested_at=now)
         why = "reclaim" if holder in room.reclaim else "priority"
+        # An eval run has nothing to save (it restarts from its parent's
+        # checkpoint): stopped at once, the waiter's nodes come free sooner.
+        victim_wait_s = 0.0 if holder.is_eval else wait_s
         TrainingJob.objects.filter(pk=victim.pk).update(conditions=_with_condition(
             victim.conditions, EVICTING, by=waiter.id, why=why, attempt=attempt.id,
-            request_id=request_id, requested_at=now.timestamp(), wait_s=wait_s,
+            request_id=request_id, requested_at=now.timestamp(), wait_s=victim_wait_s,
             by_priority=waiter.priority, by_team=team_names.get(waiter.team_id, "")))
         message = (f"job #{waiter.id} ({waiter.name}) of team {team_names.get(waiter.team_id)} "
                    "reclaims the GPUs this gang borrowed" if why == "reclaim" else
@@ -42,7 +45,7 @@ def ask_victims(waiter: TrainingJob, room: Room, team_names: dict, now, wait_s: 
         victim.record("PreemptionRequested", f"{message}: checkpoint now, then stop",
                       attempt=attempt, now=now,
                       evidence={"by": waiter.id, "why": why, "request_id": request_id,
-                                "wait_s": wait_s})
+                                "wait_s": victim_wait_s})
         enqueue_on_commit(RECONCILE_JOB, victim.id)
 
 

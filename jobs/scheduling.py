@@ -100,7 +100,9 @@ def quota_usage(quotas) -> dict[int, dict]:
     held = {(r["team_id"], r["cluster_id"]): r for r in (
         holding.filter(team_id__in={t for t, _ in pairs})
         .values("team_id", "cluster_id")
-        .annotate(gpus=Sum(F("num_nodes") * F("gpus_per_node")), jobs=Count("id"),
+        # Eval runs count against the GPUs, not the running jobs (jobs/evals.py).
+        .annotate(gpus=Sum(F("num_nodes") * F("gpus_per_node")),
+                  jobs=Count("id", filter=~Q(kind=TrainingJob.Kind.EVAL)),
                   borrowed=Sum("borrowed_gpus")))}
     lent: dict[tuple[int, int], int] = defaultdict(int)
     for cluster_id, borrowed_from in holding.filter(borrowed_gpus__gt=0).values_list(
@@ -203,7 +205,8 @@ class _Pass:
         quota = team.quota
         if quota is None:
             return f"no quota on cluster {cluster.name}"
-        if team.jobs >= quota.max_running_jobs:
+        # An eval run is part of a job that already counts (jobs/evals.py).
+        if not job.is_eval and team.jobs >= quota.max_running_jobs:
             return (f"team runs {team.jobs} jobs on cluster {cluster.name}; "
                     f"quota allows {quota.max_running_jobs}")
         blocker = self.blocked_by.get(pool.id)

@@ -27,13 +27,14 @@ SPEC_FIELDS = (
     "checkpoint_policy", "checkpoint_every_steps", "keep_last", "restart_budgets",
     "budget_reset_steps", "budget_reset_minutes", "priority",
     "spot_allowed", "storage_uri", "cancel_requested_at", "restart_from_step", "generation",
+    "kind", "eval", "parent", "eval_step",
 )
 STATUS_FIELDS = (
     "phase", "pending_reason", "conditions", "current_step", "progress", "last_error",
     "restart_counts", "budget_spent", "restarts", "checkpoint_interval_steps",
     "checkpoint_interval_inputs",
     "observed_generation", "created_at", "admitted_at", "started_at", "finished_at",
-    "borrowed_gpus", "borrowed_from", "preempted_at",
+    "borrowed_gpus", "borrowed_from", "preempted_at", "eval_result",
 )
 
 
@@ -47,6 +48,10 @@ class JobSerializer(serializers.ModelSerializer):
     world_size = serializers.IntegerField(read_only=True)
     url = serializers.SerializerMethodField()
     restarts = serializers.SerializerMethodField()
+    # The spec's eval block as it was given (jobs/evals.py); an eval run's
+    # parent job and the checkpoint step it evaluates.
+    eval = serializers.JSONField(source="eval_policy", read_only=True)
+    parent = serializers.IntegerField(source="parent_id", read_only=True, allow_null=True)
 
     class Meta:
         model = TrainingJob
@@ -65,6 +70,39 @@ class JobSerializer(serializers.ModelSerializer):
 
     def get_url(self, job) -> str:
         path = reverse("jobs:job-detail", args=[job.pk])
+        request = self.context.get("request")
+        return request.build_absolute_uri(path) if request else path
+
+
+class EvalRunSerializer(serializers.ModelSerializer):
+    """One eval run as its parent lists it: the step, how it went, and
+    what it reported (val_loss and friends, the generated samples)."""
+
+    pool = serializers.CharField(source="pool.name", read_only=True, allow_null=True,
+                                 default=None)
+    url = serializers.SerializerMethodField()
+    metrics = serializers.SerializerMethodField()
+    samples = serializers.SerializerMethodField()
+    attempts = serializers.IntegerField(source="attempt_count", read_only=True, default=0)
+
+    class Meta:
+        model = TrainingJob
+        fields = ("id", "url", "eval_step", "phase", "pool", "world_size", "metrics", "samples",
+                  "attempts", "pending_reason", "last_error", "created_at", "started_at",
+                  "finished_at")
+        read_only_fields = fields
+
+    @extend_schema_field({"type": "object", "additionalProperties": {"type": "number"}})
+    def get_metrics(self, run) -> dict:
+        return (run.eval_result or {}).get("metrics") or {}
+
+    @extend_schema_field({"type": "array", "items": {"type": "object", "properties": {
+        "prompt": {"type": "string"}, "completion": {"type": "string"}}}})
+    def get_samples(self, run) -> list:
+        return (run.eval_result or {}).get("samples") or []
+
+    def get_url(self, run) -> str:
+        path = reverse("jobs:job-detail", args=[run.pk])
         request = self.context.get("request")
         return request.build_absolute_uri(path) if request else path
 
@@ -174,13 +212,16 @@ def goodput_totals(entries) -> dict:
         totals[row["category"]] = {"seconds": row["s"] or 0.0, "gpu_seconds": row["g"] or 0.0}
     total_gpu = sum(v["gpu_seconds"] for v in totals.values())
     productive = totals[GoodputEntry.Category.PRODUCTIVE]["gpu_seconds"]
+    # Evaluation runs' GPU time is in the totals but not in training's
+    # ratio: it is neither productive training nor training lost.
+    training_gpu = total_gpu - totals[GoodputEntry.Category.EVAL]["gpu_seconds"]
     return {
         "categories": totals,
         "total": {
             "seconds": sum(v["seconds"] for v in totals.values()),
             "gpu_seconds": total_gpu,
         },
-        "goodput_ratio": (productive / total_gpu) if total_gpu else None,
+        "goodput_ratio": (productive / training_gpu) if training_gpu else None,
     }
 
 

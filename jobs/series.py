@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 from django.db.models import Count, ExpressionWrapper, F, IntegerField, Max, Min, Q
 
-from . import rollup_reads
+from . import evals, rollup_reads
 from .models import JobAttempt, MetricPoint
 
 DEFAULT_POINTS = 600
@@ -195,6 +195,19 @@ def _raw_series(chart: Plan, points: int):
     return steps, values, len(steps)
 
 
+def with_eval_points(steps, values, extra: list[tuple[int, float]]):
+    """The job's own series with its eval runs' points (one a checkpoint
+    step, jobs/evals.py) laid in; at a step both have, the eval run's wins:
+    it read the very checkpoint of that step."""
+    taken = np.array([s for s, _ in extra], dtype=np.float64)
+    keep = ~np.isin(np.asarray(steps, dtype=np.float64), taken)
+    all_steps = np.concatenate([np.asarray(steps, dtype=np.float64)[keep], taken])
+    all_values = np.concatenate([np.asarray(values, dtype=np.float64)[keep],
+                                 np.array([v for _, v in extra], dtype=np.float64)])
+    order = np.argsort(all_steps, kind="stable")
+    return all_steps[order], all_values[order]
+
+
 def series(job_id: int, name: str, points: int = DEFAULT_POINTS) -> dict:
     chart = plan(job_id, name)
     if chart is None:
@@ -210,6 +223,10 @@ def series(job_id: int, name: str, points: int = DEFAULT_POINTS) -> dict:
                 name, chart.rank0, chart.cuts, chart.points, rolled, 2 * points))
         else:
             steps, values, total = _raw_series(chart, points)
+    extra = evals.series_points(job_id, name)
+    if extra:
+        steps, values = with_eval_points(steps, values, extra)
+        total += len(extra)
     xs, ys = lttb(steps, values, points)
     return {
         "name": name,

@@ -13,6 +13,10 @@
   lower-priority jobs preempts them. Victims are picked only if taking them
   all makes the waiter fit, lowest priority and newest first; they are asked
   to checkpoint and stop (jobs/reconcile/evict.py carries it out).
+- Eval runs (jobs/evals.py) are spare-capacity work: any training job short
+  of nodes in their pool takes them first, whatever their team, and they
+  are stopped at once (nothing to checkpoint); an eval run never preempts
+  anything, and it is not counted against its team's running-jobs limit.
 
 Everything here is arithmetic on rows the pass read under its locks; the
 pass (jobs/scheduling.py) writes the results.
@@ -85,6 +89,7 @@ class Holder:
     borrowed_from: dict
     admitted_at: object
     evicting_for: int | None  # the waiter it is being preempted for
+    is_eval: bool = False
 
     @property
     def own_quota_gpus(self) -> int:
@@ -102,15 +107,19 @@ class Fleet:
     _index: dict | None = None
 
     def index(self) -> dict:
-        """{"team": {team id: its gangs}, "lent": {lender id: borrowing gangs}}."""
+        """{"team": {team id: its gangs}, "lent": {lender id: borrowing gangs},
+        "eval": {pool id: eval runs}}."""
         if self._index is None:
             team: dict[int, list[Holder]] = defaultdict(list)
             lent: dict[str, list[Holder]] = defaultdict(list)
+            evals: dict[int | None, list[Holder]] = defaultdict(list)
             for holder in self.holders:
                 team[holder.team_id].append(holder)
                 for lender in holder.borrowed_from:
                     lent[lender].append(holder)
-            self._index = {"team": team, "lent": lent}
+                if holder.is_eval:
+                    evals[holder.pool_id].append(holder)
+            self._index = {"team": team, "lent": lent, "eval": evals}
         return self._index
 
     def fair_share_gpus(self, team_id: int) -> int:
@@ -141,7 +150,7 @@ class Fleet:
         team = self.teams[job.team_id]
         team.held += job.world_size
         team.borrowed += sum(plan.values())
-        team.jobs += 1
+        team.jobs += 0 if job.is_eval else 1
         team.asked = max(0, team.asked - job.world_size)
         for lender_id, gpus in plan.items():
             self.teams[lender_id].lent += gpus
@@ -157,13 +166,14 @@ def load(cluster, queued: list[TrainingJob], quotas: dict, team_names: dict) -> 
     for row in TrainingJob.objects.filter(
             cluster_id=cluster.id, phase__in=TrainingJob.HOLDS_GPUS).values(
             "id", "name", "team_id", "pool_id", "priority", "num_nodes", "gpus_per_node",
-            "phase", "borrowed_gpus", "borrowed_from", "admitted_at", "conditions"):
+            "phase", "borrowed_gpus", "borrowed_from", "admitted_at", "conditions", "kind"):
         team = teams.setdefault(row["team_id"], TeamState(row["team_id"],
                                                           team_names.get(row["team_id"], "")))
         world = row["num_nodes"] * row["gpus_per_node"]
         team.held += world
         team.borrowed += row["borrowed_gpus"]
-        team.jobs += 1
+        is_eval = row["kind"] == TrainingJob.Kind.EVAL
+        team.jobs += 0 if is_eval else 1
         for lender, gpus in (row["borrowed_from"] or {}).items():
             lender_team = teams.setdefault(int(lender), TeamState(int(lender), ""))
             lender_team.lent += int(gpus)
@@ -173,7 +183,7 @@ def load(cluster, queued: list[TrainingJob], quotas: dict, team_names: dict) -> 
             priority=row["priority"], num_nodes=row["num_nodes"], world_size=world,
             phase=row["phase"], borrowed_gpus=row["borrowed_gpus"],
             borrowed_from=row["borrowed_from"] or {}, admitted_at=row["admitted_at"],
-            evicting_for=evicting.get("by") if evicting else None))
+            evicting_for=evicting.get("by") if evicting else None, is_eval=is_eval))
     capacity = 0
     gpus_per_pool = dict(NodePool.objects.filter(cluster_id=cluster.id)
                          .values_list("id", "gpus_per_node"))
@@ -232,20 +242,32 @@ def make_room(job: TrainingJob, pool_id: int, fleet: Fleet, quota_short: int,
     """The victims to stop so that `job` fits, or None if no choice of them
     would make it fit (then nobody is stopped). Borrowers of the waiter's
     team's quota in its pool first, then the team's own lower-priority
-    gangs; lowest priority and newest first within each."""
+    gangs; lowest priority and newest first within each. Eval runs in its
+    pool, any team's, go before all of them; an eval run makes room for
+    nobody."""
+    if job.is_eval:
+        return None
     team_key = str(job.team_id)
-    # Only the team's own gangs and its borrowers can be victims: a pass
-    # over a long queue looks at those, never at every gang of the cluster.
+    # Only the team's own gangs, its borrowers and the pool's eval runs can
+    # be victims: a pass over a long queue looks at those, never at every
+    # gang of the cluster.
     mine = fleet.index()
+    evals = [h for h in mine["eval"].get(pool_id, ())
+             if h.phase in (Phase.STARTING, Phase.RUNNING) and h.team_id != job.team_id]
     live = [h for h in (*mine["team"].get(job.team_id, ()), *mine["lent"].get(team_key, ()))
             if h.phase in (Phase.STARTING, Phase.RUNNING)]
+    live += evals
     already = [h for h in live if h.evicting_for == job.id]
     free_to_take = [h for h in live if h.evicting_for is None]
     reclaimable = [h for h in free_to_take
                    if team_key in h.borrowed_from and h.pool_id == pool_id]
     lower = [h for h in free_to_take if h.team_id == job.team_id and h.priority < job.priority]
     newest_lowest = lambda h: (h.priority, -(h.admitted_at.timestamp() if h.admitted_at else 0))  # noqa: E731
-    candidates = sorted(reclaimable, key=newest_lowest) + sorted(lower, key=newest_lowest)
+    spare = [h for h in free_to_take if h.is_eval and h.pool_id == pool_id
+             and h not in reclaimable]
+    lower = [h for h in lower if h not in spare]
+    candidates = (sorted(spare, key=newest_lowest) + sorted(reclaimable, key=newest_lowest)
+                  + sorted(lower, key=newest_lowest))
     chosen: list[Holder] = []
     for victim in [*already, *candidates]:
         if quota_short <= 0 and nodes_short <= 0:

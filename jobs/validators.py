@@ -10,6 +10,7 @@ import re
 
 from django.db.models import Q
 from rest_framework import serializers
+from rest_framework.fields import empty
 
 from accounts.permissions import is_operator
 from checkpoints import confinement
@@ -39,6 +40,57 @@ def cluster_named(name: str) -> Cluster:
 
 
 BUDGET_KEYS = tuple(FailureClass.values)
+
+
+class EvalSpecValidator(StrictSerializer):
+    """The spec's `eval` block (jobs/evals.py, docs/evaluation.md): which
+    checkpoints get an eval run, where it runs, and what it runs."""
+
+    every_n_checkpoints = StrictIntegerField(required=False, min_value=1, max_value=10_000)
+    every_checkpoint = StrictBooleanField(required=False)
+    pool = StrictCharField(max_length=63)
+    nodes = StrictIntegerField(required=False, min_value=1, max_value=64)
+    gpus_per_node = StrictIntegerField(required=False, min_value=1, max_value=64)
+    entrypoint = serializers.ListField(
+        child=StrictCharField(max_length=1000, allow_blank=True), required=False, max_length=256
+    )
+    args = serializers.ListField(
+        child=StrictCharField(max_length=4000, allow_blank=True), required=False, max_length=1024
+    )
+    # The built-in trainer's eval mode: held-out batches per rank, samples.
+    max_batches = StrictIntegerField(required=False, min_value=1, max_value=10_000)
+    samples = StrictIntegerField(required=False, min_value=0, max_value=16)
+    sample_tokens = StrictIntegerField(required=False, min_value=1, max_value=512)
+
+    def run_validation(self, data=empty):
+        # Nested, the block may be absent (a form post has no `eval` at all):
+        # skipped as any optional field is, before the strict object check.
+        is_empty, data = self.validate_empty_values(data)
+        if is_empty:
+            return data
+        return super().run_validation(data)
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        errors = {}
+        every_n, every = attrs.get("every_n_checkpoints"), attrs.get("every_checkpoint")
+        if every_n is None and not every:
+            errors["every_n_checkpoints"] = [
+                "Say which checkpoints to evaluate: every_n_checkpoints (1 or more) or "
+                "every_checkpoint: true."]
+        elif every_n is not None and every:
+            errors["every_checkpoint"] = ["Give every_n_checkpoints or every_checkpoint, "
+                                          "not both."]
+        if attrs.get("args") and not attrs.get("entrypoint"):
+            errors["args"] = ["Arguments go to an entrypoint."]
+        builtin = [k for k in ("max_batches", "samples", "sample_tokens") if k in attrs]
+        if attrs.get("entrypoint") and builtin:
+            errors[builtin[0]] = ["Set for the built-in eval mode; an entrypoint takes args."]
+        if errors:
+            raise serializers.ValidationError(errors)
+        attrs.setdefault("nodes", 1)
+        attrs.setdefault("gpus_per_node", 1)
+        return attrs
 
 
 class JobSpecValidator(StrictSerializer):
@@ -73,6 +125,7 @@ class JobSpecValidator(StrictSerializer):
     priority = StrictIntegerField(required=False, min_value=-1000, max_value=1000)
     spot_allowed = StrictBooleanField(required=False)
     storage_uri = StrictCharField(required=False, max_length=1000)
+    eval = EvalSpecValidator(required=False)
 
     def validate_strategy(self, value):
         if not isinstance(self.initial_data.get("strategy"), str):
@@ -125,6 +178,7 @@ class JobSpecValidator(StrictSerializer):
         errors.update(_program(attrs))
         errors.update(_hyperparameters(attrs))
         errors.update(_storage(attrs))
+        errors.update(_eval(attrs))
         if errors:
             raise serializers.ValidationError(errors)
         attrs.pop("world_size", None)
@@ -168,6 +222,33 @@ def _fits(pool, attrs) -> dict:
             f"{nodes} nodes, but pool {pool.name} has only {pool.size}; it could never be placed."
         ]
     return errors
+
+
+def _eval(attrs) -> dict:
+    """The eval block's pool must be one of the job's cluster's, and its
+    runs must fit there; what it keeps becomes the job's `eval_policy`."""
+    policy = attrs.pop("eval", None)
+    cluster = attrs.get("cluster")
+    if policy is None or cluster is None:
+        return {}
+    pool = NodePool.objects.filter(cluster=cluster, name=policy["pool"]).first()
+    if pool is None:
+        return {"eval": {"pool": [f"unknown pool {policy['pool']!r} on cluster {cluster.name}"]}}
+    fit = _fits(pool, {"num_nodes": policy["nodes"], "gpus_per_node": policy["gpus_per_node"]})
+    if fit:
+        return {"eval": {("nodes" if k == "num_nodes" else k): v for k, v in fit.items()}}
+    if attrs.get("entrypoint") and not policy.get("entrypoint"):
+        # The built-in eval mode loads the built-in trainer's checkpoints only.
+        return {"eval": {"entrypoint": ["A job with its own entrypoint evaluates with its "
+                                        "own: give the eval program's entrypoint."]}}
+    if not policy.get("entrypoint") and TrainerConfig is not None:
+        # The eval run's trainer config is the job's with eval mode on.
+        try:
+            TrainerConfig.from_dict({**(attrs.get("hyperparameters") or {}), "mode": "eval"})
+        except ConfigError as exc:
+            return {"eval": {"non_field_errors": [str(exc)]}}
+    attrs["eval_policy"] = policy
+    return {}
 
 
 def _world_size(attrs) -> dict:

@@ -98,6 +98,7 @@ ENDPOINTS = [
     ("get", "/api/v1/jobs/{w.job.pk}/metrics/tensorboard/", None, member_only(200)),
     ("get", "/api/v1/jobs/compare/?jobs={w.job.pk}", None, member_only(200)),
     ("get", "/api/v1/jobs/{w.job.pk}/goodput/", None, member_only(200)),
+    ("get", "/api/v1/jobs/{w.job.pk}/evals/", None, member_only(200)),
     ("post", "/api/v1/jobs/{w.job.pk}/profile/", {"steps": 3}, member_only(202)),
     ("get", "/api/v1/jobs/{w.job.pk}/profiles/", None, member_only(200)),
     ("get", "/api/v1/jobs/{w.trace.job_id}/profiles/{w.trace.pk}/file", None, member_only(200)),

@@ -22,6 +22,7 @@ DETAIL_PARTIALS = {
     "job-events": "frontend/partials/job_events.html",
     "job-goodput": "frontend/partials/job_goodput.html",
     "job-profiles": "frontend/partials/job_profiles.html",
+    "job-evals": "frontend/partials/job_evals.html",
 }
 
 
@@ -76,6 +77,7 @@ def _detail_context(request, job):
         "loadable": jobdetail.LOADABLE,
         "events": jobdetail.events(job),
         "preemptions": jobdetail.preemptions(job),
+        "evals": jobdetail.evals(job),
         "event_count": job.events.count(),
         "goodput": jobdetail.job_goodput(job),
         "interval": jobdetail.interval(job),
@@ -104,7 +106,11 @@ def job_live(request, pk: int):
                                             else None)
     ctx = _detail_context(request, job)
     extra["goodput"] = ctx["goodput"]["chart"]
-    return live.fragments(request, DETAIL_PARTIALS, ctx, **extra)
+    partials = DETAIL_PARTIALS
+    if not (job.eval_policy or ctx["evals"]):
+        # The page has no Evaluations section to refresh (job.html).
+        partials = {k: v for k, v in partials.items() if k != "job-evals"}
+    return live.fragments(request, partials, ctx, **extra)
 
 
 def _history(request, pk: int, template: str, rows, name: str):

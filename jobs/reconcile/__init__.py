@@ -21,7 +21,7 @@ from django.utils import timezone
 from controlplane.lib import runner
 from controlplane.lib.reconcile import Result
 
-from .. import checkpoint_interval, goodput, scheduling
+from .. import checkpoint_interval, evals, goodput, scheduling
 from ..models import NO_HEARTBEATS, JobAttempt, Phase, RankStatus, TrainingJob
 from . import evict, failures, finish, launch, preempt, waiting
 from .common import Ctx
@@ -54,8 +54,15 @@ def reconcile_job(job_id: int, now=None) -> Result:
     if job is None or job.is_terminal:
         return Result.done("nothing to do")
     ctx = Ctx(job, now)
+    before = job.phase
     result = _step(ctx)
     job.refresh_from_db()
+    # Level-triggered: each pass makes the eval runs the job's checkpoints
+    # call for and do not have yet (the pass that ends the job included, so
+    # its final checkpoint is evaluated too); an eval run's own moves are
+    # written on its parent's timeline.
+    evals.schedule(job, now)
+    evals.note_phase(job, before, now)
     after = result.requeue_after
     if job.is_terminal:
         nxt = None

@@ -17,7 +17,7 @@ from checkpoints.export import export_final
 from checkpoints.models import Checkpoint
 from controlplane.lib.reconcile import Result
 
-from .. import goodput, scheduling
+from .. import evals, goodput, scheduling
 from ..checkpointing import newest_verified, open_job_storage
 from ..models import FailureClass, JobAttempt, JobEvent, Phase, TrainingJob
 from .common import Ctx
@@ -56,6 +56,8 @@ def succeed(ctx: Ctx, attempt: JobAttempt) -> Result:
     default) succeeds now, and its newest verified checkpoint, if it left
     any, is exported."""
     job, now = ctx.job, ctx.now
+    if job.is_eval:
+        return _succeed_eval(ctx, attempt)
     storage = open_job_storage(job)
     checkpoint = newest_verified(job, now, storage=storage)
     if job.completion == TrainingJob.Completion.CHECKPOINT:
@@ -74,6 +76,22 @@ def succeed(ctx: Ctx, attempt: JobAttempt) -> Result:
                              "checkpoint_step": checkpoint.step if checkpoint else None})
     _release(ctx, attempt)
     return Result.done("succeeded")
+
+
+def _succeed_eval(ctx: Ctx, attempt: JobAttempt) -> Result:
+    """An eval run's ranks exited 0: what it reported at its step is kept
+    on the run, where its parent's chart reads it (jobs/evals.py)."""
+    job, now = ctx.job, ctx.now
+    result = evals.result_of(job, attempt)
+    if attempt.end(JobAttempt.State.SUCCEEDED, now, exit_code=0):
+        goodput.book_attempt_end(job, attempt, ended_at=now)
+    metrics = ", ".join(f"{k} {v:.4g}" for k, v in sorted(result["metrics"].items()))
+    job.transition(Phase.SUCCEEDED, reason="Succeeded", attempt=attempt, now=now,
+                   message=f"evaluated step {job.eval_step}: {metrics or 'no metrics reported'}",
+                   finished_at=now, pending_reason="", current_step=job.eval_step,
+                   eval_result=result, evidence={"step": job.eval_step, **result["metrics"]})
+    _release(ctx, attempt)
+    return Result.done("evaluated")
 
 
 def export(ctx: Ctx, attempt: JobAttempt, checkpoint: Checkpoint, storage):
@@ -125,5 +143,6 @@ def cancel(ctx: Ctx) -> Result:
     job.transition(Phase.CANCELLED, reason="Cancelled", attempt=attempt, now=now,
                    message="ranks stopped" if attempt else "cancelled before launch",
                    finished_at=now, pending_reason="")
+    evals.cancel_live(job, "reconciler", now)
     _release(ctx, attempt)
     return Result.done("cancelled")

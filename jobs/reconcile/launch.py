@@ -23,10 +23,10 @@ from clusters.reconcile.replacement import cordon_with_evidence, promote_spare
 from controlplane.lib import locks
 from controlplane.lib.reconcile import Result
 
-from .. import placement, signals
+from .. import evals, placement, signals
 from ..checkpointing import abandon_branch, job_checkpoint_uri, newest_verified
 from ..models import AttemptNode, JobAttempt, Phase, TrainingJob
-from ..scheduling import busy_node_ids
+from ..scheduling import busy_node_ids, request_admission
 from .common import Ctx
 
 MAX_PREFLIGHT_ROUNDS = 3
@@ -39,6 +39,8 @@ def start(ctx: Ctx) -> Result:
         if backoff is not None and ctx.now.timestamp() < backoff["until"]:
             return Result.after(backoff["until"] - ctx.now.timestamp(), "backing off")
     attempt = ctx.live_attempt()
+    if attempt is None and job.is_eval and evals.source_checkpoint(job) is None:
+        return _source_gone(ctx)
     if attempt is None:
         attempt = _create_attempt(ctx)
         if attempt is None:
@@ -50,6 +52,17 @@ def start(ctx: Ctx) -> Result:
         signals.launch_point.send(TrainingJob, point="launch", job_id=ctx.job.id)
         _launch(ctx, attempt)
     return Result.after(min(1.0, ctx.config.observe_interval_s), "launched")
+
+
+def _source_gone(ctx: Ctx) -> Result:
+    """An eval run whose checkpoint cannot be loaded any more (found
+    corrupt since) has nothing to evaluate: it fails, and says why."""
+    job = ctx.job
+    reason = f"step {job.eval_step} of job #{job.parent_id} is no longer loadable"
+    job.transition(Phase.FAILED, reason="EvalCheckpointGone", message=reason, now=ctx.now,
+                   finished_at=ctx.now, last_error=reason, pending_reason="")
+    request_admission(ctx.cluster.id)
+    return Result.done(reason)
 
 
 def free_nodes(ctx: Ctx, prefer=()) -> list[Node]:
@@ -218,6 +231,9 @@ def trainer_config(job: TrainingJob) -> dict:
 def resume_point(ctx: Ctx, attempt: JobAttempt):
     """(checkpoint or None, whether a person's restart_from_step was used)."""
     job = ctx.job
+    if job.is_eval:
+        # Exactly the parent's step it evaluates, every attempt.
+        return evals.source_checkpoint(job), False
     asked = job.restart_from_step
     honoured = (ctx.condition("RestartFromStep") or {}).get("generation")
     if asked is not None and honoured != job.generation:
@@ -240,19 +256,24 @@ def _launch(ctx: Ctx, attempt: JobAttempt) -> None:
     job = ctx.job
     checkpoint, by_person = resume_point(ctx, attempt)
     token = attempt.issue_token()
+    # An eval run reads its parent's storage (and writes nothing there).
+    storage_job = job.parent if job.is_eval else job
     env = {
         **(job.env or {}),  # the job's own; the launch contract's names below win
         "REGATTA_URL": settings.PUBLIC_URL,
         "REGATTA_TOKEN": token,
         "REGATTA_JOB_ID": str(job.id),
         "REGATTA_ATTEMPT_ID": str(attempt.id),
-        "REGATTA_CHECKPOINT_URI": job_checkpoint_uri(job),
+        "REGATTA_CHECKPOINT_URI": job_checkpoint_uri(storage_job),
         "REGATTA_RESUME_STEP": str(checkpoint.step) if checkpoint else "none",
         # The exact folder, so a program without the SDK needs no lookup.
         "REGATTA_RESUME_URI": checkpoint.uri if checkpoint else "",
         "REGATTA_CHECKPOINT_EVERY": str(job.effective_checkpoint_every),
         "REGATTA_CONFIG": json.dumps(trainer_config(job), sort_keys=True),
     }
+    if job.is_eval:
+        env["REGATTA_EVAL_STEP"] = str(job.eval_step)
+        env["REGATTA_PARENT_JOB_ID"] = str(job.parent_id)
     placements = _placements(attempt)
     request = LaunchRequest(
         job_id=job.id, attempt_id=attempt.id, attempt_number=attempt.number,

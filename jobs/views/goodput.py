@@ -15,6 +15,7 @@ GoodputReport = inline_serializer("GoodputReport", {
     "categories": serializers.DictField(child=serializers.DictField()),
     "total": serializers.DictField(),
     "goodput_ratio": serializers.FloatField(allow_null=True),
+    "eval_runs": serializers.DictField(required=False),
 })
 
 
@@ -24,7 +25,11 @@ class JobGoodputView(JobScopedMixin, APIView):
     @extend_schema(responses=GoodputReport)
     def get(self, request, pk):
         job = self.get_job()
-        return Response({"job": job.pk, **goodput_totals(GoodputEntry.objects.filter(job=job))})
+        # The job's eval runs book their GPU time on their own rows, as
+        # `eval` (jobs/evals.py): shown beside the job's, never in it.
+        evals = goodput_totals(GoodputEntry.objects.filter(job__parent=job))["total"]
+        return Response({"job": job.pk, **goodput_totals(GoodputEntry.objects.filter(job=job)),
+                         "eval_runs": evals})
 
 
 class TeamGoodputView(APIView):

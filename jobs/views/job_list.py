@@ -29,10 +29,12 @@ class JobFilter(django_filters.FilterSet):
     team = django_filters.CharFilter(method=_by_name(Team, "team_id"))
     cluster = django_filters.CharFilter(method=_by_name(Cluster, "cluster_id"))
     phase = django_filters.ChoiceFilter(choices=Phase.choices)
+    kind = django_filters.ChoiceFilter(choices=TrainingJob.Kind.choices)
+    parent = django_filters.NumberFilter(field_name="parent_id")
 
     class Meta:
         model = TrainingJob
-        fields = ["team", "cluster", "phase"]
+        fields = ["team", "cluster", "phase", "kind", "parent"]
 
 
 class JobListView(generics.ListCreateAPIView):

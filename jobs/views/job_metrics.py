@@ -5,6 +5,7 @@ from rest_framework.views import APIView
 
 from controlplane.lib.validation import StrictCharField
 
+from ..evals import metric_names
 from ..models import MetricName
 from ..series import DEFAULT_POINTS, MAX_POINTS, series
 from .base import JobScopedMixin
@@ -40,5 +41,7 @@ class JobMetricNamesView(JobScopedMixin, APIView):
         job = self.get_job()
         # One row per metric, kept on ingest (jobs/ingest.py): no DISTINCT
         # over the job's million points.
-        names = MetricName.objects.filter(job=job).order_by("name").values_list("name", flat=True)
-        return Response({"names": list(names)})
+        names = set(MetricName.objects.filter(job=job).values_list("name", flat=True))
+        # What its eval runs reported is on its chart too (jobs/series.py).
+        names |= metric_names(job.pk)
+        return Response({"names": sorted(names)})

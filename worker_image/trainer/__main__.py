@@ -145,7 +145,7 @@ def train(cfg: TrainerConfig, args: argparse.Namespace, launch: Launch) -> int:
         trainer.setup()
         sdk_run.phase("resume")
         trainer.resume()
-        code = trainer.run()
+        code = trainer.evaluate_checkpoint() if cfg.mode == "eval" else trainer.run()
     except BaseException as exc:  # every failure becomes an exit code and a report
         code = EXIT_COLLECTIVE if isinstance(exc, _RendezvousError) else classify(exc)
         error = f"{type(exc).__name__}: {exc}"

@@ -54,6 +54,7 @@ MODEL_PRESETS: dict[str, dict[str, int]] = {
 STRATEGIES = ("ddp", "fsdp")
 DTYPES = ("auto", "bf16", "fp32")
 DATASETS = ("builtin",)
+MODES = ("train", "eval")
 
 
 class ConfigError(ValueError):
@@ -151,6 +152,11 @@ class TrainerConfig:
         True, "periodic saves with dcp.async_save (emergency and final saves are sync)"
     )
     # Evaluation and logging
+    mode: str = _f("train", "train, or eval: load the resume checkpoint, report held-out "
+                            "val_loss, val_perplexity and a few samples at its step, exit "
+                            "(an eval run of the control plane's, docs/evaluation.md)")
+    eval_samples: int = _f(2, "eval mode: greedy samples generated from held-out prompts")
+    eval_sample_tokens: int = _f(24, "eval mode: new tokens per sample")
     val_every_steps: int = _f(0, "validation loss every N steps; 0 = never")
     val_batches: int = _f(4, "held-out micro-batches per rank per validation")
     log_every_steps: int = _f(10, "log line and metric points every N steps")
@@ -225,7 +231,7 @@ class TrainerConfig:
 
     def _choice_problems(self) -> list[str]:
         choices = (("model", sorted(MODEL_PRESETS)), ("strategy", list(STRATEGIES)),
-                   ("dtype", list(DTYPES)), ("data", list(DATASETS)))
+                   ("dtype", list(DTYPES)), ("data", list(DATASETS)), ("mode", list(MODES)))
         problems = [f"{key}={getattr(self, key)!r} is not one of {allowed}"
                     for key, allowed in choices if getattr(self, key) not in allowed]
         if self.vocab_size != VOCAB_SIZE:
@@ -235,7 +241,8 @@ class TrainerConfig:
     def _range_problems(self) -> list[str]:
         positive = ("batch_size", "grad_accum_steps", "max_steps", "keep_last", "log_every_steps")
         non_negative = ("warmup_steps", "checkpoint_every_steps", "val_every_steps",
-                        "val_batches", "weight_decay", "grad_clip", "seed")
+                        "val_batches", "eval_samples", "eval_sample_tokens", "weight_decay",
+                        "grad_clip", "seed")
         problems = [f"{key}={getattr(self, key)} must be at least 1"
                     for key in positive if getattr(self, key) < 1]
         problems += [f"{key}={getattr(self, key)} must not be negative"
@@ -257,6 +264,8 @@ class TrainerConfig:
         if self.max_steps >= 1 and self.warmup_steps >= self.max_steps:
             problems.append(
                 f"warmup_steps={self.warmup_steps} must be below max_steps={self.max_steps}")
+        if self.mode == "eval" and self.val_batches < 1:
+            problems.append("mode=eval needs val_batches >= 1")
         if self.val_every_steps > 0 and self.val_batches < 1:
             problems.append(f"val_every_steps={self.val_every_steps} needs val_batches >= 1")
         return problems

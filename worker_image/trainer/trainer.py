@@ -282,7 +282,7 @@ class Trainer:
         return EXIT_OK
 
     @torch.no_grad()
-    def validate(self) -> float:
+    def validate(self, pause_s: float = 0.0) -> float:
         self.model.eval()
         total = torch.zeros((), device=self.d.device)
         batches = data.val_batches(self.val_data, self.shape.block_size, self.cfg.batch_size,
@@ -290,6 +290,8 @@ class Trainer:
         for x, y in batches:
             with self._autocast():
                 total += self.forward(x.to(self.d.device), y.to(self.d.device)).float()
+            if pause_s:
+                time.sleep(pause_s)
         dist.all_reduce(total)
         self.model.train()
         val = total.item() / (self.cfg.val_batches * self.d.world_size)
@@ -297,6 +299,56 @@ class Trainer:
             log.info("step %d val_loss %.4f", self.step, val)
             self.run_.log({"val_loss": val}, step=self.step)
         return val
+
+    # -- eval mode ------------------------------------------------------------------
+    def evaluate_checkpoint(self) -> int:
+        """Eval mode (an eval run of the control plane's): the resumed
+        checkpoint's held-out loss and perplexity and a few greedy samples,
+        reported at the checkpoint's step; nothing is trained or saved. A
+        checkpoint other than the one asked for (the SDK falls back to an
+        older good one when the named one fails verification) is an error:
+        its loss would be charted at the wrong step."""
+        asked = self.run_.launch.resume_step
+        if self.step == 0 or (asked.isdigit() and int(asked) != self.step):
+            raise RuntimeError(f"eval mode: asked to evaluate step {asked}, but loaded "
+                               f"{self.step or 'no checkpoint'}")
+        # A heartbeat with the step tells the control plane the run is up.
+        self.run_.status(step=self.step)
+        # The faults' step sleep slows each held-out batch as it slows a
+        # training step: a test or demo has time to kill the eval run.
+        val = self.validate(pause_s=self.cfg.faults.step_sleep_s)
+        # exp of a huge loss overflows; a perplexity past e^50 says as much.
+        perplexity = math.exp(min(val, 50.0))
+        samples = self.generate_samples()
+        if self.d.rank == 0:
+            self.run_.log({"val_perplexity": perplexity}, step=self.step)
+            self.run_.event("evaluated", f"step {self.step}: val_loss {val:.4f}, "
+                            f"perplexity {perplexity:.2f}", step=self.step, val_loss=val,
+                            val_perplexity=perplexity, samples=samples)
+        self.run_.finish(self.step)
+        return EXIT_OK
+
+    @torch.no_grad()
+    def generate_samples(self) -> list[dict[str, str]]:
+        """Greedy continuations of the first held-out windows. Every rank
+        runs the same steps (FSDP's forward is collective); rank 0 reports."""
+        cfg, block = self.cfg, self.shape.block_size
+        prompt_len = max(1, min(32, block // 2))
+        self.model.eval()
+        samples = []
+        for i in range(cfg.eval_samples):
+            start = i * block
+            if start + prompt_len > len(self.val_data):
+                break
+            idx = self.val_data[start:start + prompt_len].long().unsqueeze(0).to(self.d.device)
+            prompt = idx.clone()
+            for _ in range(cfg.eval_sample_tokens):
+                with self._autocast():
+                    logits = self.forward(idx[:, -block:])
+                idx = torch.cat([idx, logits[:, -1, :].argmax(dim=-1, keepdim=True)], dim=1)
+            samples.append({"prompt": _text(prompt[0]), "completion": _text(idx[0, prompt_len:])})
+        self.model.train()
+        return samples
 
     def _routing_points(self) -> dict[str, float]:
         """The last step's expert load, averaged over ranks (every rank joins)."""
@@ -333,3 +385,8 @@ class Trainer:
         log.info("step %d loss %.4f lr %.2e grad_norm %.3f %.0f tok/s %.3fs/step cpu %.3fs",
                  self.step, loss_v, points["lr"], points["grad_norm"], tokens_s, step_time,
                  time.process_time())
+
+
+def _text(tokens: torch.Tensor) -> str:
+    """Byte tokens as text; a byte cut mid-character shows as U+FFFD."""
+    return bytes(tokens.tolist()).decode("utf-8", errors="replace")
