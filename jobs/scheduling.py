@@ -147,7 +147,12 @@ def admit(cluster_id: int, now) -> AdmissionReport:
     """One admission pass over the cluster's queue; returns who got in."""
     report = AdmissionReport()
     with transaction.atomic():
-        cluster = Cluster.objects.select_for_update().filter(pk=cluster_id).first()
+        # FOR NO KEY UPDATE: passes and launches still queue on each other,
+        # but a transaction that inserts a row pointing at the cluster (a new
+        # job, an eval run, a node) takes only KEY SHARE for its foreign key
+        # and need not wait for the pass: with FOR UPDATE, such a writer that
+        # also held a queued job's row deadlocked with the pass.
+        cluster = Cluster.objects.select_for_update(no_key=True).filter(pk=cluster_id).first()
         if cluster is None:
             return report
         # Locked for the pass: the admitted ones are moved in one statement

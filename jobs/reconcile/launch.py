@@ -87,7 +87,9 @@ def _create_attempt(ctx: Ctx) -> JobAttempt | None:
         prefer += list(Node.objects.filter(replaces_id__in=prefer).values_list("id", flat=True))
     with transaction.atomic():
         # The cluster row serialises node picking: two jobs never take one node.
-        Cluster.objects.select_for_update().get(pk=ctx.cluster.pk)
+        # No key update, as admission takes it (jobs/scheduling.py): foreign
+        # keys to the cluster are not blocked.
+        Cluster.objects.select_for_update(no_key=True).get(pk=ctx.cluster.pk)
         nodes = free_nodes(ctx, prefer)[: job.num_nodes]
         if len(nodes) < job.num_nodes:
             return None
@@ -207,7 +209,7 @@ def _swap_failed_node(ctx: Ctx, attempt: JobAttempt, name: str,
     job.record("PreflightFailed", f"{name} failed the preflight check", attempt=attempt,
                now=ctx.now, evidence={"node": name, **evidence})
     with transaction.atomic():
-        Cluster.objects.select_for_update().get(pk=ctx.cluster.pk)
+        Cluster.objects.select_for_update(no_key=True).get(pk=ctx.cluster.pk)
         in_attempt = set(attempt.placements.values_list("node_id", flat=True))
         choices = [n for n in free_nodes(ctx) if n.id not in in_attempt]
         replacement = choices[0] if choices else promote_spare(ctx.pool, bad, ctx.now)
