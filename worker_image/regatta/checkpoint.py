@@ -144,6 +144,11 @@ class Checkpointer:
             dist.barrier(group=self.d.ckpt_group)
         try:
             mine = _copy_in(Path(folder), target) if folder is not None else _files_in(target)
+            if self.config is not None and self.d.rank != 0:
+                # Rank 0 writes the run's config into the step folder now and
+                # hashes it itself: a peer listing the shared folder would
+                # hash it half-written, or an earlier commit's copy.
+                mine = [rel for rel in mine if rel != CONFIG_FILE]
             local = self._pool.submit(self._finish_files, step, target, mine)
             local.result()
         except Exception as exc:  # reported by commit_pending on every rank
