@@ -16,12 +16,19 @@ skip conflicts, so it would need a temporary table and a second INSERT ...
 SELECT, for batches of at most 5,000 points. SQLite (3.35+: ON CONFLICT,
 RETURNING): a VALUES list and the same writes as three statements of one
 transaction.
+
+Batches that arrive together in one process are written together
+(`_Coalescer`): a statement and its commit cost PostgreSQL about as much
+CPU as a few hundred points, so a batch of 10 was mostly that fixed cost.
+Each batch's request still waits for the commit that holds its points
+before it is answered, so an acknowledged point is a stored point.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import psycopg
@@ -43,26 +50,31 @@ _INSERT = ("INSERT INTO jobs_metricpoint (job_id, attempt_id, rank, name, step, 
            "VALUES {values} ON CONFLICT (attempt_id, rank, name, step) DO NOTHING "
            "RETURNING rank, name, step, value")
 _PG_STORE = (
-    "WITH new AS ("
+    "WITH u AS ("
+    " SELECT * FROM unnest(%(batches)b::int[], %(jobs)b::int8[], %(attempts)b::int8[],"
+    " %(ranks)b::int[], %(names)b::text[], %(steps)b::int[], %(values)b::float8[],"
+    " %(times)b::float8[]) AS u(b, j, a, r, n, s, v, t)"
+    "), new AS ("
     " INSERT INTO jobs_metricpoint (job_id, attempt_id, rank, name, step, value, time)"
-    " SELECT %(job)s, %(attempt)s, r, n, s, v, COALESCE(to_timestamp(t), now())"
-    " FROM unnest(%(ranks)b::int[], %(names)b::text[], %(steps)b::int[],"
-    " %(values)b::float8[], %(times)b::float8[]) AS u(r, n, s, v, t)"
+    " SELECT j, a, r, n, s, v, COALESCE(to_timestamp(t), now()) FROM u"
     " ON CONFLICT (attempt_id, rank, name, step) DO NOTHING"
-    " RETURNING rank, name, step, value"
+    " RETURNING job_id, attempt_id, rank, name, step, value"
     "), roll AS ("
     f" INSERT INTO {rollups.TABLE} ({','.join(rollups.COLUMNS)})"
-    " SELECT %(attempt)s, name, rank = 0, l.level, step / l.level, min(step), max(step),"
+    " SELECT attempt_id, name, rank = 0, l.level, step / l.level, min(step), max(step),"
     " min(value), max(value), sum(value), count(*),"
     " (array_agg(value ORDER BY step DESC, rank))[1]"
     " FROM new CROSS JOIN unnest(%(levels)s::int[]) AS l(level)"
-    " GROUP BY name, rank = 0, l.level, step / l.level"
-    " ORDER BY name, rank = 0, l.level, step / l.level "
+    " GROUP BY attempt_id, name, rank = 0, l.level, step / l.level"
+    " ORDER BY attempt_id, name, rank = 0, l.level, step / l.level "
     f"{rollups.ON_CONFLICT}"
     "), named AS ("
-    " INSERT INTO jobs_metricname (job_id, name) SELECT DISTINCT %(job)s, name FROM new"
-    " ORDER BY 2 ON CONFLICT (job_id, name) DO NOTHING"
-    ") SELECT count(*) FROM new"
+    " INSERT INTO jobs_metricname (job_id, name) SELECT DISTINCT job_id, name FROM new"
+    " ORDER BY 1, 2 ON CONFLICT (job_id, name) DO NOTHING"
+    # Each new point is counted to the batch whose copy of it was written
+    # (the arrays hold a key once, see _arrays).
+    ") SELECT u.b, count(*) FROM new JOIN u"
+    " ON (u.a, u.r, u.n, u.s) = (new.attempt_id, new.rank, new.name, new.step) GROUP BY u.b"
 )
 # DO NOTHING takes no lock on a name already there, so the ranks of one job
 # never queue on its names. Run on every batch with new points: a cache of
@@ -122,36 +134,134 @@ def store(job_id: int, attempt_id: int, points: list[tuple], received: int) -> S
     """Store the new points of a batch and add them to the rollups, in one
     transaction. `received` counts the batch's points before in-batch
     repeats were dropped. Raises AttemptGone if the attempt's row is gone."""
-    ordered = sorted(points, key=_key)  # one lock order for every copy of a batch
     try:
-        if connection.vendor == "postgresql":
-            new = _store_postgres(job_id, attempt_id, ordered)
+        if connection.vendor != "postgresql":
+            new = len(_store_portable(job_id, attempt_id, sorted(points, key=_key)))
+        elif connection.in_atomic_block or not connection.get_autocommit():
+            # The caller's transaction must hold the points: written here, alone.
+            new = _store_postgres([_Batch(job_id, attempt_id, points)])[0]
         else:
-            new = len(_store_portable(job_id, attempt_id, ordered))
+            new = _coalescer.store(_Batch(job_id, attempt_id, points))
     except IntegrityError as exc:
         # Only foreign keys can fail here: conflicts on the unique key are skipped.
         raise AttemptGone(attempt_id) from exc
     return Stored(new=new, duplicates=received - new)
 
 
-def _store_postgres(job_id: int, attempt_id: int, points: list[tuple]) -> int:
-    """One statement, so one round trip and one commit: the points go in as
-    five arrays (the statement's text is the same for every batch size), and
-    the rollups and names are written by data-modifying CTEs from exactly
-    the rows the INSERT returned."""
-    columns = list(zip(*points, strict=True)) if points else [()] * 5
-    ranks, names, steps, values, times = (list(c) for c in columns)
+@dataclass(eq=False)
+class _Batch:
+    job_id: int
+    attempt_id: int
+    rows: list[tuple]
+    new: int | None = None  # set once a commit holds the batch
+    failed: bool = False  # its group's statement failed: it is written alone
+    done: bool = field(default=False, repr=False)
+
+
+class _Coalescer:
+    """Writes the batches that one process's threads are waiting on together.
+
+    No timer and no added wait: the first thread to arrive writes its batch
+    at once, and those that arrive while that statement runs queue; the
+    next of them to wake writes every batch then queued (up to MAX_BATCH
+    points) in one statement and one commit, and answers the rest. A busy
+    server so writes fewer, larger statements, an idle one the same as
+    before. Should the group's statement fail (a deleted attempt, a string
+    PostgreSQL refuses, a lost connection), every batch of it is written
+    alone on its own thread's connection, so each gets its own error.
+    """
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._queue: list[_Batch] = []
+        self._busy = False
+
+    def store(self, batch: _Batch) -> int:
+        with self._cond:
+            self._queue.append(batch)
+            while self._busy and not batch.done:
+                self._cond.wait()
+            if batch.done:
+                return self._outcome(batch)
+            self._busy = True
+            group = self._take(batch)
+        news: list = [None] * len(group)
+        try:
+            news = _store_postgres(group)
+        except Exception:  # noqa: BLE001
+            # Nothing of the group was written: each batch is written alone
+            # below, and gets its own error.
+            pass
+        finally:
+            with self._cond:
+                for one, new in zip(group, news, strict=True):
+                    one.new, one.failed, one.done = new, new is None, True
+                self._busy = False
+                self._cond.notify_all()
+        return self._outcome(batch)
+
+    def _take(self, batch: _Batch) -> list[_Batch]:
+        """The caller's batch and those queued behind it, up to MAX_BATCH points."""
+        group, size = [batch], len(batch.rows)
+        for other in self._queue:
+            if other is not batch and size + len(other.rows) <= MAX_BATCH:
+                group.append(other)
+                size += len(other.rows)
+        taken = set(map(id, group))
+        self._queue = [b for b in self._queue if id(b) not in taken]
+        return group
+
+    @staticmethod
+    def _outcome(batch: _Batch) -> int:
+        if batch.failed:
+            return _store_postgres([_Batch(batch.job_id, batch.attempt_id, batch.rows)])[0]
+        return batch.new
+
+
+_coalescer = _Coalescer()
+
+
+def _arrays(group: list[_Batch]) -> dict:
+    """The group's points as the statement's eight arrays. A point (attempt,
+    rank, name, step) that two batches of the group carry (a retry racing
+    its original) is written from the first batch and counted a duplicate
+    of the second, as if they had come one after the other; the rows are in
+    key order, the one lock order of every statement (no deadlocks)."""
+    claimed: dict[tuple, tuple] = {}
+    for index, batch in enumerate(group):
+        for rank, name, step, value, when in batch.rows:
+            claimed.setdefault((batch.attempt_id, rank, name, step),
+                               (index, batch.job_id, value, when))
+    keys = sorted(claimed)
+    columns = {"batches": [], "jobs": [], "attempts": [], "ranks": [], "names": [],
+               "steps": [], "values": [], "times": []}
+    for key in keys:
+        index, job_id, value, when = claimed[key]
+        columns["batches"].append(index)
+        columns["jobs"].append(job_id)
+        columns["attempts"].append(key[0])
+        columns["ranks"].append(key[1])
+        columns["names"].append(key[2])
+        columns["steps"].append(key[3])
+        columns["values"].append(value)
+        columns["times"].append(when)
+    return columns
+
+
+def _store_postgres(group: list[_Batch]) -> list[int]:
+    """One statement, so one round trip and one commit for the whole group:
+    the points go in as arrays (the statement's text is the same for every
+    size), and the rollups and names are written by data-modifying CTEs from
+    exactly the rows the INSERT returned. The new points of each batch."""
     connection.ensure_connection()
     # Server-side binding, the arrays in binary (%b): Django's own cursor
     # binds on the client, quoting every element in Python (a third of a
     # 500-point batch's time). Wrapped as Django wraps its cursors, so errors
     # are Django's and the statement is seen by query logging and counting.
     with connection._prepare_cursor(psycopg.Cursor(connection.connection)) as cursor:
-        cursor.execute(_PG_STORE, {
-            "job": job_id, "attempt": attempt_id, "ranks": ranks, "names": names,
-            "steps": steps, "values": values, "times": times, "levels": list(rollups.LEVELS),
-        })
-        return cursor.fetchone()[0]
+        cursor.execute(_PG_STORE, {**_arrays(group), "levels": list(rollups.LEVELS)})
+        new = dict(cursor.fetchall())
+    return [new.get(index, 0) for index in range(len(group))]
 
 
 def _store_portable(job_id: int, attempt_id: int, points: list[tuple]) -> list[tuple]:

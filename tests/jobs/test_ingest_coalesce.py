@@ -1,0 +1,148 @@
+"""Metric batches that arrive together in one process are written together
+(jobs/ingest.py `_Coalescer`): real PostgreSQL, real threads.
+
+The tests hold the first batch's statement on a table lock taken from a
+second connection, so the batches sent meanwhile are certain to queue
+behind it; which batches shared a statement is read from the rows' `xmin`
+(the transaction that wrote them), not from the code under test.
+"""
+
+import threading
+import time
+
+import psycopg
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from jobs import ingest
+from jobs.models import MetricPoint, MetricRollup
+from tests.api_factories import make_attempt, make_job
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql",
+                       reason="coalescing is the PostgreSQL path; SQLite writes each batch alone"),
+]
+
+
+def rows(step=0, n=10):
+    names = ["loss", "lr"] * (n // 2)
+    return [(0, name, step + i // 2, float(i), None) for i, name in enumerate(names)]
+
+
+@pytest.fixture
+def attempts(team, cluster, owner):
+    out = []
+    for i in range(6):
+        job = make_job(team, cluster, owner, name=f"job-{i}", phase="running")
+        out.append(make_attempt(job)[0])
+    return out
+
+
+class Held:
+    """An EXCLUSIVE lock on the metric names table from a connection of its
+    own: a statement that writes names waits until it is released."""
+
+    def __enter__(self):
+        params = connection.get_connection_params()
+        self.conn = psycopg.connect(dbname=connection.settings_dict["NAME"], **{
+            k: v for k, v in params.items() if k in ("host", "port", "user")})
+        self.conn.execute("LOCK TABLE jobs_metricname IN EXCLUSIVE MODE")
+        return self
+
+    def __exit__(self, *exc):
+        self.conn.rollback()
+        self.conn.close()
+
+
+def send_all(batches, results, errors):
+    """Each batch from a thread of its own, as a web server's threads would."""
+    def send(key, attempt, points):
+        try:
+            results[key] = ingest.store(attempt.job_id, attempt.pk, points, received=len(points))
+        except Exception as exc:  # the test asserts on it
+            errors[key] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=send, args=batch) for batch in batches]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def wait_queued(count):
+    deadline = time.monotonic() + 30
+    while len(ingest._coalescer._queue) < count:
+        assert time.monotonic() < deadline, "the batches never queued"
+        time.sleep(0.01)
+
+
+def writers(attempt) -> set:
+    """The transactions that wrote an attempt's points."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT DISTINCT xmin::text FROM jobs_metricpoint WHERE attempt_id = %s",
+                       [attempt.pk])
+        return {row[0] for row in cursor.fetchall()}
+
+
+def test_batches_queued_behind_a_statement_share_the_next_one(attempts):
+    results, errors = {}, {}
+    with Held():
+        first = send_all([("first", attempts[0], rows())], results, errors)
+        time.sleep(0.3)  # the first batch's statement is now waiting on the lock
+        rest = send_all([(i, a, rows()) for i, a in enumerate(attempts[1:])], results, errors)
+        wait_queued(5)
+    for thread in first + rest:
+        thread.join(timeout=60)
+    assert not errors
+    assert {k: (r.new, r.duplicates) for k, r in results.items()} == {
+        "first": (10, 0), **{i: (10, 0) for i in range(5)}}
+    first_tx = writers(attempts[0])
+    later = set().union(*(writers(a) for a in attempts[1:]))
+    assert len(first_tx) == 1 and len(later) == 1 and first_tx != later
+    # Each attempt's rollups hold its own points only, once.
+    for attempt in attempts:
+        top = MetricRollup.objects.get(attempt=attempt, name="loss", level=16384)
+        assert (top.n, top.vsum) == (5, 0.0 + 2 + 4 + 6 + 8)
+
+
+def test_a_retry_queued_beside_its_original_is_stored_once(attempts):
+    results, errors = {}, {}
+    with Held():
+        first = send_all([("first", attempts[0], rows(step=100))], results, errors)
+        time.sleep(0.3)
+        rest = send_all([("a", attempts[1], rows()), ("b", attempts[1], rows()),
+                         ("c", attempts[2], rows())], results, errors)
+        wait_queued(3)
+    for thread in first + rest:
+        thread.join(timeout=60)
+    assert not errors
+    copies = sorted((results["a"].new, results["b"].new))
+    assert copies == [0, 10]
+    assert results["a"].duplicates + results["b"].duplicates == 10
+    assert MetricPoint.objects.filter(attempt=attempts[1]).count() == 10
+    assert MetricRollup.objects.get(attempt=attempts[1], name="lr", level=16).n == 5
+    assert writers(attempts[1]) == writers(attempts[2])
+
+
+def test_a_bad_batch_in_a_group_fails_alone(attempts):
+    gone = attempts[3]
+    gone_id = gone.pk
+    gone.job.delete()  # its batch arrives after its attempt is gone
+    results, errors = {}, {}
+    with Held():
+        first = send_all([("first", attempts[0], rows())], results, errors)
+        time.sleep(0.3)
+        rest = send_all([("ok", attempts[1], rows()), ("gone", gone, rows()),
+                         ("also ok", attempts[2], rows())], results, errors)
+        wait_queued(3)
+    for thread in first + rest:
+        thread.join(timeout=60)
+    assert set(errors) == {"gone"}
+    assert isinstance(errors["gone"], ingest.AttemptGone)
+    assert errors["gone"].args == (gone_id,)
+    assert (results["ok"].new, results["also ok"].new) == (10, 10)
+    assert MetricPoint.objects.filter(attempt_id__in=[attempts[1].pk, attempts[2].pk]).count() == 20
+    assert not MetricPoint.objects.filter(attempt_id=gone_id).exists()
