@@ -11,8 +11,11 @@ Regatta's. The index reachable here has no mlflow 3.18.0 (its
 mlflow-skinny is missing), so the newest it has, 3.17.2, is used; the issue
 measured 3.17.
 
-Load: 20 client threads, each with its own requests session and its own
-run (MLflow) or attempt (Regatta), send batches of 10 and of 500 points
+Load: 20 client threads, each with its own keep-alive connection
+(`http.client`, the body encoded once: the tool's own CPU is taken from the
+same two cores the servers run on, and `requests` cost 2 ms of it a
+request, as much as the server) and its own run (MLflow) or attempt
+(Regatta), send batches of 10 and of 500 points
 back to back for --seconds per phase; phases are interleaved (MLflow and
 Regatta alternate which goes first) and repeated --rounds times. Prints
 points/s and p50/p99 latency per target and batch size, and Regatta over
@@ -30,6 +33,8 @@ metrics latency measured above. Usage:
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
 import os
 import secrets
 import subprocess
@@ -146,19 +151,44 @@ class Target:
     """How one server takes a batch: where to post it and what body."""
 
     name: str
-    url: str
+    port: int
     clients: list  # per client: (path, headers, id)
     body: object  # (client id, step, batch) -> json body
-    ok: object  # (response, batch) -> bool
+    ok: object  # (status, reply bytes, batch) -> bool
     retries: bool = False
     steps: list = field(default_factory=lambda: [0] * CLIENTS)
+
+
+class Http:
+    """One keep-alive connection to a server on loopback, opened again after
+    an error or a `Connection: close`."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+
+    def post(self, path: str, body: dict, headers: dict) -> tuple[int, bytes]:
+        data = json.dumps(body, separators=(",", ":")).encode()
+        try:
+            self.conn.request("POST", path, data, {**headers, "Content-Type": "application/json"})
+            resp = self.conn.getresponse()
+            reply = resp.status, resp.read()
+            if resp.will_close:
+                self._reopen()
+            return reply
+        except (http.client.HTTPException, OSError):  # a server worker died: an error
+            self._reopen()
+            return 0, b""
+
+    def _reopen(self) -> None:
+        self.conn.close()
+        self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
 
 
 def _client(target: Target, index: int, batch: int, until: float, phase: Phase,
             lock: threading.Lock) -> None:
     path, headers, ident = target.clients[index]
-    session = requests.Session()
-    session.headers.update(headers)
+    client = Http(target.port)
     sent = 0
     while time.monotonic() < until:
         step = target.steps[index]
@@ -168,11 +198,8 @@ def _client(target: Target, index: int, batch: int, until: float, phase: Phase,
         good = True
         for _ in range(copies):
             start = time.perf_counter()
-            try:
-                resp = session.post(target.url + path, json=body, timeout=60)
-                good = good and target.ok(resp, batch)
-            except requests.RequestException:  # a server worker died: an error, not the end
-                good = False
+            status, reply = client.post(path, body, headers)
+            good = good and target.ok(status, reply, batch)
             took = time.perf_counter() - start
             with lock:
                 phase.latencies.append(took)
@@ -214,15 +241,15 @@ def regatta_target(port: int, attempts: list) -> Target:
         return {"batch_id": f"a{attempt_id}-{step}", "points": [
             {"rank": 0, "name": n, "step": s, "value": v} for n, s, v in points(step, batch)]}
 
-    def ok(resp, batch):
-        if resp.status_code != 200:
+    def ok(status, data, batch):
+        if status != 200:
             return False
-        reply = resp.json()
+        reply = json.loads(data)
         return reply["stored"] + reply["duplicates"] == batch
 
     clients = [(f"/api/v1/worker/attempts/{a}/metrics", {"Authorization": f"Bearer {t}"}, a)
                for a, t in attempts]
-    return Target("regatta", f"http://127.0.0.1:{port}", clients, body, ok, retries=True)
+    return Target("regatta", port, clients, body, ok, retries=True)
 
 
 def _setup_post(url: str, body: dict) -> dict:
@@ -254,7 +281,7 @@ def mlflow_target(port: int) -> Target:
         return {"run_id": run_id, "metrics": [
             {"key": n, "value": v, "timestamp": now, "step": s} for n, s, v in points(step, batch)]}
 
-    return Target("mlflow", url, clients, body, lambda resp, batch: resp.status_code == 200)
+    return Target("mlflow", port, clients, body, lambda status, data, batch: status == 200)
 
 
 # --- Regatta's rows -------------------------------------------------------------
@@ -290,7 +317,7 @@ def _beater(port: int, mine: list, start: float, until: float, phase: Phase,
             lock: threading.Lock) -> None:
     """Each rank beats every BEAT_EVERY_S, the ranks spread over the period;
     a beat that is due goes out at once, so a slow server shows as latency."""
-    session = requests.Session()
+    client = Http(port)
     due = [start + BEAT_EVERY_S * i / len(mine) for i in range(len(mine))]
     steps = [0] * len(mine)
     while True:
@@ -303,12 +330,9 @@ def _beater(port: int, mine: list, start: float, until: float, phase: Phase,
         body = {"rank": rank, "node": f"node-{rank // 8}", "step": steps[i],
                 "samples_per_s": 64.0, "tokens_per_s": 8192.0, "step_time_s": 0.2, "gpu": None}
         began = time.perf_counter()
-        try:
-            good = session.post(f"http://127.0.0.1:{port}/api/v1/worker/attempts/{attempt_id}"
-                                "/heartbeat", json=body, timeout=60,
-                                headers={"Authorization": f"Bearer {token}"}).status_code == 200
-        except requests.RequestException:
-            good = False
+        status, _ = client.post(f"/api/v1/worker/attempts/{attempt_id}/heartbeat", body,
+                                {"Authorization": f"Bearer {token}"})
+        good = status == 200
         took = time.perf_counter() - began
         with lock:
             phase.latencies.append(took)
