@@ -1,4 +1,4 @@
-# The control plane image: web (gunicorn), worker and beat share it.
+# The control plane image: web (granian, serving the WSGI app), worker and beat share it.
 FROM python:3.11-slim
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 REGATTA_STATE_DIR=/var/lib/regatta
 WORKDIR /app
@@ -21,4 +21,6 @@ RUN pip install './worker_image[s3]' . \
 RUN useradd --system --uid 10001 regatta && mkdir -p /var/lib/regatta && chown regatta /var/lib/regatta
 USER regatta
 EXPOSE 8000
-CMD ["gunicorn", "controlplane.wsgi:application", "--bind", "0.0.0.0:8000", "--workers", "4", "--threads", "4"]
+CMD ["granian", "--interface", "wsgi", "--no-ws", "--host", "0.0.0.0", "--port", "8000", \
+     "--workers", "4", "--blocking-threads", "4", "--respawn-failed-workers", \
+     "controlplane.wsgi:application"]

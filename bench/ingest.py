@@ -2,7 +2,7 @@
 tracking server's `log-batch`, on the same machine and PostgreSQL, driven by
 the same load tool in the same run (issue 17).
 
-Starts both servers itself, on loopback: Regatta under gunicorn with 4
+Starts both servers itself, on loopback: Regatta under granian with 4
 workers (4 threads each, as the Dockerfile runs it) and `mlflow server` with
 4 workers, each on a fresh database of its own on the PostgreSQL that
 DATABASE_URL names. MLflow is a bench-only tool: it is installed into its
@@ -56,6 +56,8 @@ RETRY_EVERY = 25
 RANKS, RANKS_PER_ATTEMPT, BEAT_EVERY_S = 2000, 100, 5.0
 BEAT_THREADS = 40
 NAMES = ("loss", "lr")
+# As the Dockerfile runs the web.
+WEB_SERVER = ("--interface", "wsgi", "--no-ws", "--workers", "4", "--blocking-threads", "4")
 
 
 def database_url(base: str, name: str) -> str:
@@ -118,9 +120,8 @@ def start_mlflow(db_url: str, port: int, workdir: Path) -> subprocess.Popen:
 
 def start_regatta(env: dict, port: int, workdir: Path) -> subprocess.Popen:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "controlplane.wsgi:application",
-         "--bind", f"127.0.0.1:{port}", "--workers", "4", "--threads", "4",
-         "--log-level", "warning"],
+        [sys.executable, "-m", "granian", *WEB_SERVER, "--host", "127.0.0.1",
+         "--port", str(port), "--log-level", "warning", "controlplane.wsgi:application"],
         cwd=ROOT, env=env, stdout=open(workdir / "regatta.log", "w"),
         stderr=subprocess.STDOUT, start_new_session=True)
     wait_until_up(f"http://127.0.0.1:{port}/", proc)
@@ -459,7 +460,7 @@ def main() -> None:
         procs.append(start_regatta(env, args.port, workdir))
         mlflow = mlflow_target(args.port + 1)
         regatta = regatta_target(args.port, metric_attempts)
-        print(f"servers up: regatta :{args.port} (gunicorn 4x4), mlflow :{args.port + 1} "
+        print(f"servers up: regatta :{args.port} (granian 4x4), mlflow :{args.port + 1} "
               f"(4 workers); {CLIENTS} clients, {args.seconds:.0f} s a phase, "
               f"{args.rounds} rounds", flush=True)
         run(args, regatta, mlflow, beats, args.port)

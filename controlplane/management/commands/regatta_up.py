@@ -35,10 +35,13 @@ class Command(BaseCommand):
                 redis_proc = start_redis(settings.EMBEDDED_REDIS_SOCKET)
                 if redis_proc is not None:
                     self.procs.append(("redis", redis_proc))
+            host, _, port = bind.rpartition(":")
             self._spawn("web", [
-                sys.executable, "-m", "gunicorn", "controlplane.wsgi:application",
-                "--bind", bind, "--workers", str(web_workers), "--threads", "4",
-                "--access-logfile", "-", "--log-level", "warning", "--graceful-timeout", "5",
+                sys.executable, "-m", "granian", "--interface", "wsgi", "--no-ws",
+                "--host", host.strip("[]"), "--port", port, "--workers", str(web_workers),
+                "--blocking-threads", "4", "--respawn-failed-workers", "--access-log",
+                "--log-level", "warning", "--workers-kill-timeout", "5",
+                "controlplane.wsgi:application",
             ])
             self._spawn("worker", [
                 sys.executable, "-m", "celery", "-A", "controlplane", "worker",
@@ -68,7 +71,7 @@ class Command(BaseCommand):
 
     def _spawn(self, name, argv):
         # Each child leads its own process group, so stopping it takes its
-        # children (gunicorn's and celery's workers) along.
+        # children (granian's and celery's workers) along.
         proc = subprocess.Popen(argv, start_new_session=True)
         self.procs.append((name, proc))
 
