@@ -10,8 +10,11 @@ never fails the work it counts: an unreachable Redis loses the increment.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
+import os
+import threading
 
 import redis
 
@@ -36,6 +39,61 @@ def count(name: str, amount: float = 1.0, **labels: str) -> None:
         log.debug("telemetry %s not counted: %s", name, exc)
 
 
+# count_soon's sums not yet sent, and the timer that sends them.
+FLUSH_AFTER_S = 1.0
+_pending: dict[str, float] = {}
+_pending_lock = threading.Lock()
+_timer: threading.Timer | None = None
+
+
+def count_soon(name: str, amount: float = 1.0, **labels: str) -> None:
+    """As `count`, for the hottest path (every metric batch, hundreds a
+    second a process): the adds are summed in the process and sent one
+    second after the first of them, in one round trip, instead of one
+    round trip each (a tenth of a batch of 10's CPU). A scrape flushes its
+    own process first; another process's sums reach Redis within the
+    second, and are lost only if it dies inside it."""
+    global _timer
+    field = _field(name, labels)
+    with _pending_lock:
+        _pending[field] = _pending.get(field, 0.0) + amount
+        if _timer is None:
+            _timer = threading.Timer(FLUSH_AFTER_S, flush)
+            _timer.daemon = True
+            _timer.start()
+
+
+def flush() -> None:
+    """Send count_soon's sums now."""
+    global _timer
+    with _pending_lock:
+        sums = dict(_pending)
+        _pending.clear()
+        _timer = None
+    if not sums:
+        return
+    try:
+        pipe = get_redis().pipeline(transaction=False)
+        for field, amount in sums.items():
+            pipe.hincrbyfloat(KEY, field, amount)
+        pipe.execute()
+    except redis.RedisError as exc:
+        log.debug("telemetry %s not counted: %s", sorted(sums), exc)
+
+
+def _forget_in_child() -> None:
+    # A forked child has no timer thread, whatever the parent had: its own
+    # first add starts one. The parent's sums are the parent's to send.
+    global _pending_lock, _timer
+    _pending_lock = threading.Lock()
+    _pending.clear()
+    _timer = None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+atexit.register(flush)
+
+
 def observe(name: str, seconds: float, **labels: str) -> None:
     """One observation of a duration: the histogram's buckets, sum and count."""
     try:
@@ -52,7 +110,9 @@ def observe(name: str, seconds: float, **labels: str) -> None:
 
 
 def read() -> dict[str, list[tuple[dict, float]]]:
-    """Every series: {name: [(labels, value), ...]}; empty if Redis is down."""
+    """Every series: {name: [(labels, value), ...]}; empty if Redis is down.
+    This process's count_soon sums are sent first."""
+    flush()
     try:
         raw = get_redis().hgetall(KEY)
     except redis.RedisError as exc:

@@ -179,7 +179,7 @@ def _metrics(claim: worker_tokens.Claim, data: dict) -> dict:
                               received=len(points))
     except (ingest.AttemptGone, DatabaseError):
         raise _HandOn from None
-    telemetry.count("metric_points_ingested", stored.new)
+    telemetry.count_soon("metric_points_ingested", stored.new)
     return {"stored": stored.new, "duplicates": stored.duplicates}
 
 

@@ -44,7 +44,7 @@ class MetricsView(WorkerView):
                                   received=len(points))
         except ingest.AttemptGone:
             raise exceptions.AuthenticationFailed("Invalid worker token.") from None
-        telemetry.count("metric_points_ingested", stored.new)
+        telemetry.count_soon("metric_points_ingested", stored.new)
         return Response({"stored": stored.new, "duplicates": stored.duplicates})
 
 

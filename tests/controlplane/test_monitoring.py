@@ -3,6 +3,8 @@ docs/monitoring.md, with values from the database and from the counters the
 reconcile runner and the metrics endpoint add to in Redis; only a holder of
 the token, or an allowed address, may scrape."""
 
+import time
+
 import pytest
 from django.test import Client
 from django.utils import timezone
@@ -21,8 +23,10 @@ pytestmark = pytest.mark.usefixtures("fleet_dirs")
 
 @pytest.fixture(autouse=True)
 def fresh_counters():
+    telemetry.flush()  # sums an earlier test's batches left in this process
     get_redis().delete(telemetry.KEY)
     yield
+    telemetry.flush()
     get_redis().delete(telemetry.KEY)
 
 
@@ -183,3 +187,15 @@ def test_the_grafana_dashboard_reads_only_series_that_exist(db):
                for name in re.findall(r"\bregatta_[a-z_]+", target["expr"])}
     assert len(queried) >= 10
     assert queried <= exposed, queried - exposed
+
+
+def test_a_batch_count_reaches_redis_within_the_second_without_a_scrape(db):
+    """count_soon sums a process's adds and sends them from a timer, so a
+    process that takes one batch and no more still reports it."""
+    for amount in (5, 6):
+        telemetry.count_soon("metric_points_ingested", amount)
+    field = telemetry._field("metric_points_ingested", {})
+    deadline = time.monotonic() + 10
+    while float(get_redis().hget(telemetry.KEY, field) or 0) != 11.0:
+        assert time.monotonic() < deadline, "the sums were never sent"
+        time.sleep(0.05)
