@@ -59,14 +59,23 @@ _PG_STORE = (
     " SELECT j, a, r, n, s, v, COALESCE(to_timestamp(t), now()) FROM u"
     " ON CONFLICT (attempt_id, rank, name, step) DO NOTHING"
     " RETURNING job_id, attempt_id, rank, name, step, value"
+    # The new points are aggregated once, into the finest level's buckets,
+    # and every level is built from those: each coarser bucket is a union
+    # of whole finest buckets (LEVELS are multiples of the first), and its
+    # last value is that of the finest bucket with the greatest last step.
+    # Aggregating every point once a level sorted six times the rows.
+    "), fine AS ("
+    f" SELECT attempt_id, name, rank = 0 AS rank0, step / {rollups.LEVELS[0]} AS bucket,"
+    " min(step) AS s0, max(step) AS s1, min(value) AS vmin, max(value) AS vmax,"
+    " sum(value) AS vsum, count(*) AS n, (array_agg(value ORDER BY step DESC, rank))[1] AS vlast"
+    " FROM new GROUP BY 1, 2, 3, 4"
     "), roll AS ("
     f" INSERT INTO {rollups.TABLE} ({','.join(rollups.COLUMNS)})"
-    " SELECT attempt_id, name, rank = 0, l.level, step / l.level, min(step), max(step),"
-    " min(value), max(value), sum(value), count(*),"
-    " (array_agg(value ORDER BY step DESC, rank))[1]"
-    " FROM new CROSS JOIN unnest(%(levels)s::int[]) AS l(level)"
-    " GROUP BY attempt_id, name, rank = 0, l.level, step / l.level"
-    " ORDER BY attempt_id, name, rank = 0, l.level, step / l.level "
+    f" SELECT attempt_id, name, rank0, l.level, bucket / (l.level / {rollups.LEVELS[0]}),"
+    " min(s0), max(s1), min(vmin), max(vmax), sum(vsum), sum(n),"
+    " (array_agg(vlast ORDER BY s1 DESC))[1]"
+    " FROM fine CROSS JOIN unnest(%(levels)s::int[]) AS l(level)"
+    " GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3, 4, 5 "
     f"{rollups.ON_CONFLICT}"
     "), named AS ("
     " INSERT INTO jobs_metricname (job_id, name) SELECT DISTINCT job_id, name FROM new"

@@ -25,6 +25,8 @@ from django.db import connection
 # Bucket widths in steps, a factor 4 apart: the chosen level holds between
 # one and four times the buckets a chart asks for.
 LEVELS = (16, 64, 256, 1024, 4096, 16384)
+# jobs/ingest.py builds every level from the first one's buckets.
+assert all(level % LEVELS[0] == 0 for level in LEVELS)
 TABLE = "jobs_metricrollup"
 POINTS_TABLE = "jobs_metricpoint"
 COLUMNS = ("attempt_id", "name", "rank0", "level", "bucket", "s0", "s1", "vmin", "vmax",
