@@ -35,14 +35,16 @@ def lttb(steps, values, n: int) -> tuple[np.ndarray, np.ndarray]:
     edges = np.linspace(1, size - 1, n - 1).astype(np.int64)
     chosen = np.empty(n, dtype=np.int64)
     chosen[0], chosen[-1] = 0, size - 1
+    # Each bucket's point is chosen against the mean of the next bucket
+    # (the last point, for the last bucket): all of them at once, not one
+    # ndarray.mean() an iteration (a third of a 600-point chart's time).
+    counts = np.diff(edges)
+    next_x = np.append((np.add.reduceat(x[:size - 1], edges[:-1]) / counts)[1:], x[-1])
+    next_y = np.append((np.add.reduceat(y[:size - 1], edges[:-1]) / counts)[1:], y[-1])
     a = 0
     for i in range(n - 2):
         lo, hi = edges[i], edges[i + 1]
-        if i + 2 < n - 1:
-            nlo, nhi = edges[i + 1], edges[i + 2]
-        else:
-            nlo, nhi = size - 1, size
-        cx, cy = x[nlo:nhi].mean(), y[nlo:nhi].mean()
+        cx, cy = next_x[i], next_y[i]
         ax, ay = x[a], y[a]
         area = np.abs((ax - cx) * (y[lo:hi] - ay) - (ax - x[lo:hi]) * (cy - ay))
         a = lo + int(area.argmax())
