@@ -2,10 +2,8 @@
 beside gunicorn with threads (what it shipped before), in the same run.
 
 Both serve the same `controlplane.wsgi:application` with 4 workers of 4
-threads, on loopback, against one fresh PostgreSQL database. gunicorn is a
-bench-only baseline: it is installed into .bench-venv/gunicorn (a `pip
---target` folder put on PYTHONPATH for its process only), never into
-Regatta's virtualenv.
+threads, on loopback, against one fresh PostgreSQL database (gunicorn
+stays installed beside granian: the same WSGI app runs under either).
 
 Load: the load tool of bench/ingest.py (20 clients, one keep-alive
 connection and one attempt each, batches of --batch points back to back),
@@ -32,19 +30,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ingest as load  # noqa: E402  (bench/ingest.py: its load tool and set-up)
 
 ROOT = load.ROOT
-GUNICORN_DIR = ROOT / ".bench-venv" / "gunicorn"
-GUNICORN_VERSION = "27.0.1"
-
-
-def gunicorn_path() -> Path:
-    if not (GUNICORN_DIR / "gunicorn").exists():
-        print(f"installing gunicorn=={GUNICORN_VERSION} into {GUNICORN_DIR} (bench only)",
-              flush=True)
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target",
-                        str(GUNICORN_DIR), f"gunicorn=={GUNICORN_VERSION}"], check=True)
-    return GUNICORN_DIR
-
-
 def command(server: str, port: int) -> tuple[list, dict]:
     if server == "granian":
         return ([sys.executable, "-m", "granian", *load.WEB_SERVER, "--host", "127.0.0.1",
@@ -52,7 +37,7 @@ def command(server: str, port: int) -> tuple[list, dict]:
                  "controlplane.wsgi:application"], {})
     return ([sys.executable, "-m", "gunicorn", "controlplane.wsgi:application", "--bind",
              f"127.0.0.1:{port}", "--workers", "4", "--threads", "4", "--log-level", "warning"],
-            {"PYTHONPATH": str(gunicorn_path())})
+            {})
 
 
 def tree_cpu(pid: int) -> float:
@@ -130,7 +115,6 @@ def main() -> None:
     call_command("migrate", verbosity=0)
     attempts, _ = load.regatta_rows()
     target = load.regatta_target(args.port, attempts)
-    gunicorn_path()
     print(f"{load.CLIENTS} clients, batches of {args.batch}, {args.seconds:.0f} s a phase, "
           f"{args.rounds} rounds, load average {os.getloadavg()[0]:.1f}", flush=True)
     results: dict = {"gunicorn": [], "granian": []}
