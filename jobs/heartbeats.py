@@ -8,10 +8,17 @@ means the attempt has ended (or is gone): the rank is told to stop, and
 nothing is written. Then the rank's status row is upserted; rank 0 also
 moves the job's progress; the node's last heartbeat is written at most every
 NODE_HEARTBEAT_EVERY.
+
+On PostgreSQL all of that is one statement (`_PG_BEAT`: the attempt's
+UPDATE, and data-modifying CTEs that write only if it returned a row), so
+one round trip and one commit, with no ORM query built: the beat cost
+twice a metric batch as five statements in a transaction. SQLite, which has
+no data-modifying CTEs, runs them one by one (`_record_portable`).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -50,6 +57,44 @@ _RANK = (
 )
 
 
+# The statements run in the order written (the attempt first: the main
+# query reads it; then the CTEs nothing reads, in order), which is the
+# portable path's lock order: attempt, rank, node, job.
+_PG_BEAT = (
+    "WITH a AS ("
+    " UPDATE jobs_jobattempt SET last_heartbeat_at = %(now)s,"
+    " last_step = CASE WHEN last_step < %(step)s THEN %(step)s ELSE last_step END,"
+    " first_step_at = CASE WHEN first_step_at IS NULL AND %(step)s >= 1 THEN %(now)s"
+    " ELSE first_step_at END"
+    " WHERE id = %(attempt)s AND state <> ALL(%(ended)s)"
+    # first_step_at equal to this beat's time: this beat saw the first step.
+    " RETURNING first_step_at = %(now)s AND %(step)s >= 1, checkpoint_request_id,"
+    " stop_requested_at, profile_request_id, profile_steps,"
+    " (SELECT checkpoint_policy FROM jobs_trainingjob j WHERE j.id = jobs_jobattempt.job_id),"
+    " (SELECT checkpoint_interval_steps FROM jobs_trainingjob j"
+    " WHERE j.id = jobs_jobattempt.job_id)"
+    "), r AS ("
+    " INSERT INTO jobs_rankstatus (attempt_id, rank, node_name, step, gpu, last_heartbeat_at,"
+    " samples_per_s, tokens_per_s, step_time_s)"
+    " SELECT %(attempt)s, %(rank)s, %(node)s, %(step)s, %(gpu)s, %(now)s, %(samples_per_s)s,"
+    " %(tokens_per_s)s, %(step_time_s)s FROM a"
+    " ON CONFLICT (attempt_id, rank) DO UPDATE SET node_name = excluded.node_name,"
+    " step = excluded.step, gpu = excluded.gpu, last_heartbeat_at = excluded.last_heartbeat_at,"
+    " samples_per_s = excluded.samples_per_s, tokens_per_s = excluded.tokens_per_s,"
+    " step_time_s = excluded.step_time_s"
+    "), n AS ("
+    " UPDATE clusters_node SET last_heartbeat_at = %(now)s"
+    " WHERE %(node)s <> '' AND name = %(node)s AND EXISTS (SELECT 1 FROM a)"
+    " AND id IN (SELECT node_id FROM jobs_attemptnode WHERE attempt_id = %(attempt)s)"
+    " AND (last_heartbeat_at IS NULL OR last_heartbeat_at < %(stale)s)"
+    "), j AS ("
+    " UPDATE jobs_trainingjob SET current_step = %(step)s, progress = %(progress)s::jsonb"
+    " WHERE %(rank)s = 0 AND id = %(job)s AND current_step <= %(step)s"
+    " AND EXISTS (SELECT 1 FROM a)"
+    ") SELECT * FROM a"
+)
+
+
 @dataclass
 class Beat:
     job_id: int
@@ -64,6 +109,36 @@ class Beat:
 def record(beat: Beat, now) -> dict | None:
     """Write one heartbeat; the reply's directives, or None if the attempt
     has ended (nothing written then)."""
+    if connection.vendor == "postgresql":
+        return _record_postgres(beat, now)
+    return _record_portable(beat, now)
+
+
+def _progress(beat: Beat, now) -> dict:
+    return {"step": beat.step, "attempt": beat.attempt_id, "at": now.isoformat(), **beat.rates}
+
+
+def _record_postgres(beat: Beat, now) -> dict | None:
+    gpu = RankStatus._meta.get_field("gpu").get_db_prep_value(beat.gpu, connection)
+    with connection.cursor() as cursor:
+        cursor.execute(_PG_BEAT, {
+            "now": now, "step": beat.step, "attempt": beat.attempt_id, "ended": list(_ENDED),
+            "rank": beat.rank, "node": beat.node, "gpu": gpu, "job": beat.job_id,
+            **{key: beat.rates.get(key) for key in PROGRESS_KEYS},
+            "stale": now - NODE_HEARTBEAT_EVERY,
+            "progress": json.dumps(_progress(beat, now)),
+        })
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    first_step, request_id, stop_at, profile_id, profile_steps, policy, interval = row
+    if first_step:
+        # The fast path: the reconciler marks the job running now, not at its next sweep.
+        enqueue_on_commit(tasks.reconcile_job, beat.job_id)
+    return directives(request_id, stop_at, policy, interval, profile_id, profile_steps)
+
+
+def _record_portable(beat: Beat, now) -> dict | None:
     stamp = connection.ops.adapt_datetimefield_value(now)
     gpu = RankStatus._meta.get_field("gpu").get_db_prep_value(beat.gpu, connection)
     with transaction.atomic(), connection.cursor() as cursor:
@@ -82,10 +157,8 @@ def record(beat: Beat, now) -> dict | None:
             # The fast path: the reconciler marks the job running now, not at its next sweep.
             enqueue_on_commit(tasks.reconcile_job, beat.job_id)
         if beat.rank == 0:
-            progress = {"step": beat.step, "attempt": beat.attempt_id, "at": now.isoformat(),
-                        **beat.rates}
             TrainingJob.objects.filter(pk=beat.job_id, current_step__lte=beat.step).update(
-                current_step=beat.step, progress=progress)
+                current_step=beat.step, progress=_progress(beat, now))
     return directives(request_id, stop_at, policy, interval, profile_id, profile_steps)
 
 
