@@ -287,6 +287,22 @@ def mlflow_target(port: int) -> Target:
 
 # --- Regatta's rows -------------------------------------------------------------
 
+def migrated_regatta(db_url: str, workdir: Path) -> dict:
+    """Django set up in this process on `db_url`, migrated; the environment
+    a Regatta server started by the bench runs with."""
+    env = {**os.environ, "DATABASE_URL": db_url, "DEBUG": "0",
+           "SECRET_KEY": secrets.token_urlsafe(40), "REGATTA_STATE_DIR": str(workdir)}
+    os.environ.update(env)
+    sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+    return env
+
+
 def regatta_rows() -> tuple[list, list]:
     """Attempts for the metric clients and for the simulated ranks, with tokens."""
     from clusters.models import Cluster
@@ -443,16 +459,7 @@ def main() -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     args.regatta_db = fresh_database(base, "regatta_bench_ingest")
     args.mlflow_db = fresh_database(base, "mlflow_bench_ingest")
-    env = {**os.environ, "DATABASE_URL": args.regatta_db, "DEBUG": "0",
-           "SECRET_KEY": secrets.token_urlsafe(40), "REGATTA_STATE_DIR": str(workdir)}
-    os.environ.update(env)
-    sys.path.insert(0, str(ROOT))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
-    import django
-    from django.core.management import call_command
-
-    django.setup()
-    call_command("migrate", verbosity=0)
+    env = migrated_regatta(args.regatta_db, workdir)
     metric_attempts, beats = regatta_rows()
     procs = []
     try:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -40,11 +39,8 @@ def command(server: str, port: int) -> tuple[list, dict]:
             {})
 
 
-def tree_cpu(pid: int) -> float:
-    try:
-        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0.0
+def cpu_of(procs) -> float:
+    """User and system CPU seconds of these processes (one that ended counts 0)."""
     total = 0.0
     for proc in procs:
         try:
@@ -55,16 +51,16 @@ def tree_cpu(pid: int) -> float:
     return total
 
 
+def tree_cpu(pid: int) -> float:
+    try:
+        return cpu_of([psutil.Process(pid), *psutil.Process(pid).children(recursive=True)])
+    except psutil.NoSuchProcess:
+        return 0.0
+
+
 def postgres_cpu() -> float:
-    total = 0.0
-    for proc in psutil.process_iter(["name"]):
-        if (proc.info["name"] or "").startswith("postgres"):
-            try:
-                times = proc.cpu_times()
-                total += times.user + times.system
-            except psutil.NoSuchProcess:
-                pass
-    return total
+    return cpu_of(p for p in psutil.process_iter(["name"])
+                  if (p.info["name"] or "").startswith("postgres"))
 
 
 def own_cpu() -> float:
@@ -103,16 +99,7 @@ def main() -> None:
     workdir = ROOT / ".regatta" / "bench-web-server"
     workdir.mkdir(parents=True, exist_ok=True)
     db = load.fresh_database(base, "regatta_bench_web")
-    env = {**os.environ, "DATABASE_URL": db, "DEBUG": "0",
-           "SECRET_KEY": secrets.token_urlsafe(40), "REGATTA_STATE_DIR": str(workdir)}
-    os.environ.update(env)
-    sys.path.insert(0, str(ROOT))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
-    import django
-    from django.core.management import call_command
-
-    django.setup()
-    call_command("migrate", verbosity=0)
+    env = load.migrated_regatta(db, workdir)
     attempts, _ = load.regatta_rows()
     target = load.regatta_target(args.port, attempts)
     print(f"{load.CLIENTS} clients, batches of {args.batch}, {args.seconds:.0f} s a phase, "
