@@ -112,7 +112,9 @@ def _goodput():
 
 
 def _newest(name: str):
-    return Subquery(MetricPoint.objects.filter(job=OuterRef("pk"), name=name)
+    # Rank 0's, as a chart shows it: the key (job, name, rank, step) read
+    # backwards from its end, one row.
+    return Subquery(MetricPoint.objects.filter(job=OuterRef("pk"), name=name, rank=0)
                     .order_by("-step").values("value")[:1])
 
 

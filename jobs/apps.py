@@ -10,7 +10,10 @@ class JobsConfig(AppConfig):
         # importing jobs (clusters/workload.py).
         from clusters import workload
 
-        from . import tasks  # noqa: F401  (registers the tasks other apps send by name)
+        from . import (
+            receivers,  # noqa: F401  (connects the receivers)
+            tasks,  # noqa: F401  (registers the tasks other apps send by name)
+        )
         from .scheduling import jobs_on_nodes
 
         workload.register(jobs_on_nodes)

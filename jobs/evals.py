@@ -170,7 +170,7 @@ def result_of(run: TrainingJob, attempt) -> dict:
     """What the run reported at its step: its metrics (rank 0's where rank 0
     sent them) and the samples of its last `evaluated` event."""
     metrics: dict[str, float] = {}
-    rows = (MetricPoint.objects.filter(attempt=attempt, step=run.eval_step)
+    rows = (MetricPoint.objects.filter(job=run, attempt=attempt, step=run.eval_step)
             .order_by("-rank").values_list("name", "value"))
     for name, value in rows:  # rank 0 last: its value wins
         metrics[name] = value

@@ -1,21 +1,26 @@
 """Metric ingestion: a batch of points stored in one statement, idempotently.
 
 The hot path of the control plane (every rank of every job, every few
-seconds), so no ORM objects are built: the points are checked by plain type
-tests and written with a raw cursor under `INSERT ... ON CONFLICT DO NOTHING
-RETURNING`. The unique key (attempt, rank, name, step) makes a retried
-batch, or two copies racing, store each point once; the RETURNING rows are
-exactly the points that were new, so the reply's counts and the rollups
-added from them (jobs/rollups.py) are exact too.
+seconds), so no ORM objects are built: the points are written with a raw
+cursor under `INSERT ... ON CONFLICT DO NOTHING RETURNING`. The primary key
+(job, name, rank, step, attempt) makes a retried batch, or two copies
+racing, store each point once; the RETURNING rows are exactly the points
+that were new, so the reply's counts and the rollups added from them
+(jobs/rollups.py) are exact too.
 
-PostgreSQL: one statement (`_PG_STORE`), the points as five arrays bound in
-binary through `unnest`, so its text is the same for every batch size; a
-VALUES list bound by Django's client-side cursor spent a third of a
-500-point batch quoting parameters in Python. COPY was not tried: it cannot
-skip conflicts, so it would need a temporary table and a second INSERT ...
+PostgreSQL: one prepared statement (`_PG_STORE`), the points as columns
+through `unnest`, each column one array literal built in C (`_params`), so
+its text is the same for every batch size. Repeated points are dropped and
+the rows put in key order there too. COPY was not tried: it cannot skip
+conflicts, so it would need a temporary table and a second INSERT ...
 SELECT, for batches of at most 5,000 points. SQLite (3.35+: ON CONFLICT,
-RETURNING): a VALUES list and the same writes as three statements of one
+RETURNING): a VALUES list and the same writes as statements of one
 transaction.
+
+What a 500-point batch cost PostgreSQL and the web process, and what took
+it down (docs/performance.md, "Ingestion at ten times MLflow"): a foreign
+key checked point by point, a surrogate id and a second index, psycopg
+dumping arrays element by element, planning the statement every time.
 
 Batches that arrive together in one process are written together
 (`_Coalescer`): a statement and its commit cost PostgreSQL about as much
@@ -31,8 +36,9 @@ import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+import msgspec
 import psycopg
-from django.db import IntegrityError, connection, transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from . import rollups
@@ -46,18 +52,36 @@ MAX_STEP = 2**31 - 1
 MAX_NAME = 64
 # SQLite takes at most 32766 parameters a statement (7 a point).
 _POINTS_PER_STATEMENT = 2000
+# The points' primary key (jobs.models.MetricPoint).
+_KEY = "job_id, name, rank, step, attempt_id"
 _INSERT = ("INSERT INTO jobs_metricpoint (job_id, attempt_id, rank, name, step, value, time) "
-           "VALUES {values} ON CONFLICT (attempt_id, rank, name, step) DO NOTHING "
+           f"VALUES {{values}} ON CONFLICT ({_KEY}) DO NOTHING "
            "RETURNING rank, name, step, value")
 _PG_STORE = (
-    "WITH u AS ("
-    " SELECT * FROM unnest(%(batches)b::int[], %(jobs)b::int8[], %(attempts)b::int8[],"
-    " %(ranks)b::int[], %(names)b::text[], %(steps)b::int[], %(values)b::float8[],"
-    " %(times)b::float8[]) AS u(b, j, a, r, n, s, v, t)"
+    # The points as columns, each one text array literal (see _params): the
+    # batch (1-based, within the group) and the index of the name in %(names)s.
+    "WITH p AS ("
+    " SELECT * FROM unnest(%(batch)s::int[], %(rank)s::int[], %(name)s::int[], %(step)s::int[],"
+    " %(value)s::float8[], %(time)s::float8[]) WITH ORDINALITY AS p(b, r, ni, s, v, t, o)"
+    # The attempts exist, and stay until this commits: a deletion locks them
+    # first (jobs/receivers.py), so it waits for these points and then
+    # deletes them. One lock per attempt instead of a foreign key checked
+    # point by point (a quarter of a 500-point batch's time).
+    "), ok AS ("
+    " SELECT id FROM jobs_jobattempt WHERE id = ANY(%(attempts)s::int8[]) FOR KEY SHARE"
+    # A point carried twice is written from its first copy: the earlier
+    # batch of the group, then the earlier in the batch, as if the copies had
+    # come one after the other. Key order is the one lock order of every
+    # statement (no deadlocks).
+    "), u AS ("
+    " SELECT DISTINCT ON (j, n, r, s, a) b, (%(jobs)s::int8[])[b] AS j,"
+    " (%(attempts)s::int8[])[b] AS a, r, (%(names)s::text[])[ni] AS n, s, v, t"
+    " FROM p ORDER BY j, n, r, s, a, b, o"
     "), new AS ("
     " INSERT INTO jobs_metricpoint (job_id, attempt_id, rank, name, step, value, time)"
     " SELECT j, a, r, n, s, v, COALESCE(to_timestamp(t), now()) FROM u"
-    " ON CONFLICT (attempt_id, rank, name, step) DO NOTHING"
+    " WHERE a IN (SELECT id FROM ok) ORDER BY j, n, r, s, a"
+    f" ON CONFLICT ({_KEY}) DO NOTHING"
     " RETURNING job_id, attempt_id, rank, name, step, value"
     # The new points are aggregated once, into the finest level's buckets,
     # and every level is built from those: each coarser bucket is a union
@@ -74,16 +98,19 @@ _PG_STORE = (
     f" SELECT attempt_id, name, rank0, l.level, bucket / (l.level / {rollups.LEVELS[0]}),"
     " min(s0), max(s1), min(vmin), max(vmax), sum(vsum), sum(n),"
     " (array_agg(vlast ORDER BY s1 DESC))[1]"
-    " FROM fine CROSS JOIN unnest(%(levels)s::int[]) AS l(level)"
+    f" FROM fine CROSS JOIN unnest('{{{','.join(map(str, rollups.LEVELS))}}}'::int[]) AS l(level)"
     " GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3, 4, 5 "
     f"{rollups.ON_CONFLICT}"
     "), named AS ("
     " INSERT INTO jobs_metricname (job_id, name) SELECT DISTINCT job_id, name FROM new"
     " ORDER BY 1, 2 ON CONFLICT (job_id, name) DO NOTHING"
-    # Each new point is counted to the batch whose copy of it was written
-    # (the arrays hold a key once, see _arrays).
-    ") SELECT u.b, count(*) FROM new JOIN u"
+    # Each new point is counted to the batch whose copy of it was written.
+    "), counted AS ("
+    " SELECT u.b, count(*) AS n FROM new JOIN u"
     " ON (u.a, u.r, u.n, u.s) = (new.attempt_id, new.rank, new.name, new.step) GROUP BY u.b"
+    ") SELECT g.b, g.a IN (SELECT id FROM ok), COALESCE(c.n, 0)"
+    " FROM unnest(%(attempts)s::int8[]) WITH ORDINALITY AS g(a, b) LEFT JOIN counted c USING (b)"
+    " ORDER BY g.b"
 )
 # DO NOTHING takes no lock on a name already there, so the ranks of one job
 # never queue on its names. Run on every batch with new points: a cache of
@@ -128,32 +155,26 @@ def point_ok(point) -> bool:
 
 
 def rows(points: list) -> list[tuple[int, str, int, float, float | None]]:
-    """Checked points as (rank, name, step, value, time); the first of a
-    point repeated in the batch wins."""
-    seen: dict[tuple, tuple] = {}
-    for p in points:
-        rank, name, step = p["rank"], p["name"], p["step"]
-        when = p.get("time")
-        seen.setdefault((rank, name, step), (rank, name, step, float(p["value"]),
-                                             None if when is None else float(when)))
-    return list(seen.values())
+    """Checked points as (rank, name, step, value, time), in batch order
+    (a point repeated in the batch is kept: the writer stores its first copy)."""
+    return [(p["rank"], p["name"], p["step"], float(p["value"]),
+             None if (when := p.get("time")) is None else float(when)) for p in points]
 
 
 def store(job_id: int, attempt_id: int, points: list[tuple], received: int) -> Stored:
-    """Store the new points of a batch and add them to the rollups, in one
-    transaction. `received` counts the batch's points before in-batch
-    repeats were dropped. Raises AttemptGone if the attempt's row is gone."""
-    try:
-        if connection.vendor != "postgresql":
-            new = len(_store_portable(job_id, attempt_id, sorted(points, key=_key)))
-        elif connection.in_atomic_block or not connection.get_autocommit():
-            # The caller's transaction must hold the points: written here, alone.
-            new = _store_postgres([_Batch(job_id, attempt_id, points)])[0]
-        else:
-            new = _coalescer.store(_Batch(job_id, attempt_id, points))
-    except IntegrityError as exc:
-        # Only foreign keys can fail here: conflicts on the unique key are skipped.
-        raise AttemptGone(attempt_id) from exc
+    """Store the new points of a batch, (rank, name, step, value, time) rows
+    of which the first copy of a repeated key counts, and add them to the
+    rollups, in one transaction. `received` counts the batch's points as
+    sent. Raises AttemptGone if the attempt's row is gone."""
+    if connection.vendor != "postgresql":
+        new = _store_portable(job_id, attempt_id, points)
+    elif connection.in_atomic_block or not connection.get_autocommit():
+        # The caller's transaction must hold the points: written here, alone.
+        new = _store_postgres([_Batch(job_id, attempt_id, points)])[0]
+    else:
+        new = _coalescer.store(_Batch(job_id, attempt_id, points))
+    if new is None:
+        raise AttemptGone(attempt_id)
     return Stored(new=new, duplicates=received - new)
 
 
@@ -162,7 +183,7 @@ class _Batch:
     job_id: int
     attempt_id: int
     rows: list[tuple]
-    new: int | None = None  # set once a commit holds the batch
+    new: int | None = None  # set once a commit holds the batch; None: the attempt is gone
     failed: bool = False  # its group's statement failed: it is written alone
     done: bool = field(default=False, repr=False)
 
@@ -175,9 +196,10 @@ class _Coalescer:
     next of them to wake writes every batch then queued (up to MAX_BATCH
     points) in one statement and one commit, and answers the rest. A busy
     server so writes fewer, larger statements, an idle one the same as
-    before. Should the group's statement fail (a deleted attempt, a string
-    PostgreSQL refuses, a lost connection), every batch of it is written
-    alone on its own thread's connection, so each gets its own error.
+    before. Should the group's statement fail (a string PostgreSQL refuses,
+    a lost connection), every batch of it is written alone on its own
+    thread's connection, so each gets its own error; a deleted attempt
+    fails no statement, only its own batch.
     """
 
     def __init__(self):
@@ -185,7 +207,7 @@ class _Coalescer:
         self._queue: list[_Batch] = []
         self._busy = False
 
-    def store(self, batch: _Batch) -> int:
+    def store(self, batch: _Batch) -> int | None:
         with self._cond:
             self._queue.append(batch)
             while self._busy and not batch.done:
@@ -195,8 +217,10 @@ class _Coalescer:
             self._busy = True
             group = self._take(batch)
         news: list = [None] * len(group)
+        failed = True
         try:
             news = _store_postgres(group)
+            failed = False
         except Exception:  # noqa: BLE001
             # Nothing of the group was written: each batch is written alone
             # below, and gets its own error.
@@ -204,7 +228,7 @@ class _Coalescer:
         finally:
             with self._cond:
                 for one, new in zip(group, news, strict=True):
-                    one.new, one.failed, one.done = new, new is None, True
+                    one.new, one.failed, one.done = new, failed, True
                 self._busy = False
                 self._cond.notify_all()
         return self._outcome(batch)
@@ -221,77 +245,110 @@ class _Coalescer:
         return group
 
     @staticmethod
-    def _outcome(batch: _Batch) -> int:
+    def _outcome(batch: _Batch) -> int | None:
         if batch.failed:
             return _store_postgres([_Batch(batch.job_id, batch.attempt_id, batch.rows)])[0]
         return batch.new
 
 
 _coalescer = _Coalescer()
+_encode = msgspec.json.Encoder().encode
 
 
-def _arrays(group: list[_Batch]) -> dict:
-    """The group's points as the statement's eight arrays. A point (attempt,
-    rank, name, step) that two batches of the group carry (a retry racing
-    its original) is written from the first batch and counted a duplicate
-    of the second, as if they had come one after the other; the rows are in
-    key order, the one lock order of every statement (no deadlocks)."""
-    claimed: dict[tuple, tuple] = {}
-    for index, batch in enumerate(group):
-        for rank, name, step, value, when in batch.rows:
-            claimed.setdefault((batch.attempt_id, rank, name, step),
-                               (index, batch.job_id, value, when))
-    keys = sorted(claimed)
-    columns = {"batches": [], "jobs": [], "attempts": [], "ranks": [], "names": [],
-               "steps": [], "values": [], "times": []}
-    for key in keys:
-        index, job_id, value, when = claimed[key]
-        columns["batches"].append(index)
-        columns["jobs"].append(job_id)
-        columns["attempts"].append(key[0])
-        columns["ranks"].append(key[1])
-        columns["names"].append(key[2])
-        columns["steps"].append(key[3])
-        columns["values"].append(value)
-        columns["times"].append(when)
-    return columns
+def _array(values) -> str:
+    """A PostgreSQL array literal of numbers (None as NULL): their JSON text
+    with braces for brackets, built in C. Floats are written shortest
+    round-trip, so the server reads back the very same double."""
+    return "{" + _encode(values)[1:-1].decode() + "}"
 
 
-def _store_postgres(group: list[_Batch]) -> list[int]:
-    """One statement, so one round trip and one commit for the whole group:
-    the points go in as arrays (the statement's text is the same for every
-    size), and the rollups and names are written by data-modifying CTEs from
-    exactly the rows the INSERT returned. The new points of each batch."""
+def _quoted(name: str) -> str:
+    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _params(group: list[_Batch]) -> dict:
+    """The group's points as the statement's columns, each one array literal
+    (psycopg dumps a list element by element in Python: half of a 500-point
+    batch's time in the web process). Names are sent once each, as an index
+    into %(names)s: a batch repeats a few names hundreds of times."""
+    names: dict[str, int] = {}
+    columns: list[list] = [[], [], [], [], [], []]
+    batch_column, rank, name, step, value, when = columns
+    for index, batch in enumerate(group, 1):
+        if not batch.rows:
+            continue
+        ranks, batch_names, steps, values, times = zip(*batch.rows, strict=True)
+        batch_column += [index] * len(ranks)
+        rank += ranks
+        name += [names.setdefault(n, len(names) + 1) for n in batch_names]
+        step += steps
+        value += values
+        when += times
+    params = {key: _array(column) for key, column in
+              zip(("batch", "rank", "name", "step", "value", "time"), columns, strict=True)}
+    params["names"] = "{" + ",".join(map(_quoted, names)) + "}"
+    params["jobs"] = _array([batch.job_id for batch in group])
+    params["attempts"] = _array([batch.attempt_id for batch in group])
+    return params
+
+
+class _PreparedCursor(psycopg.Cursor):
+    """A server-side binding cursor that prepares what it runs. Planning the
+    statement cost PostgreSQL as much as writing a batch of 10 points; a
+    prepared one is planned once a connection. (Django turns psycopg's
+    automatic preparing off for every connection, so that its own queries
+    pass through transaction-pooling proxies; PgBouncer 1.21+ carries
+    protocol-level prepared statements like this one.)"""
+
+    def execute(self, query, params=None, *, prepare=None, binary=None):
+        return super().execute(query, params, prepare=True, binary=binary)
+
+    def _convert_query(self, query, params=None):
+        # psycopg keeps the converted query for Django's query log (which
+        # reads `_query`) only where it runs the statement unprepared.
+        self._query = super()._convert_query(query, params)
+        return self._query
+
+
+def _store_postgres(group: list[_Batch]) -> list[int | None]:
+    """One statement, so one round trip and one commit for the whole group,
+    its text the same for every size; the rollups and names are written by
+    data-modifying CTEs from exactly the rows the INSERT returned. The new
+    points of each batch, None for a batch whose attempt is gone."""
     connection.ensure_connection()
-    # Server-side binding, the arrays in binary (%b): Django's own cursor
-    # binds on the client, quoting every element in Python (a third of a
-    # 500-point batch's time). Wrapped as Django wraps its cursors, so errors
-    # are Django's and the statement is seen by query logging and counting.
-    with connection._prepare_cursor(psycopg.Cursor(connection.connection)) as cursor:
-        cursor.execute(_PG_STORE, {**_arrays(group), "levels": list(rollups.LEVELS)})
-        new = dict(cursor.fetchall())
-    return [new.get(index, 0) for index in range(len(group))]
+    # Wrapped as Django wraps its cursors, so errors are Django's and the
+    # statement is seen by query logging and counting.
+    with connection._prepare_cursor(_PreparedCursor(connection.connection)) as cursor:
+        cursor.execute(_PG_STORE, _params(group))
+        return [new if alive else None for _, alive, new in cursor.fetchall()]
 
 
-def _store_portable(job_id: int, attempt_id: int, points: list[tuple]) -> list[tuple]:
-    """SQLite: the same writes as statements of one transaction, the rollups
+def _store_portable(job_id: int, attempt_id: int, points: list[tuple]) -> int | None:
+    """SQLite: the same writes as statements of one transaction (which
+    holds the database's write lock from its start), the rollups
     aggregated here from the rows the INSERT returned."""
+    first: dict[tuple, tuple] = {}
+    for row in points:
+        first.setdefault(row[:3], row)
     stamp = connection.ops.adapt_datetimefield_value
     now = stamp(timezone.now())
     params = []
-    for rank, name, step, value, when in points:
+    for rank, name, step, value, when in sorted(first.values(), key=_key):
         params += (job_id, attempt_id, rank, name, step, value,
                    now if when is None else stamp(datetime.fromtimestamp(when, UTC)))
     with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM jobs_jobattempt WHERE id = %s", [attempt_id])
+        if cursor.fetchone() is None:
+            return None
         new = _insert(cursor, params)
         rollups.add(cursor, rollups.aggregate(attempt_id, new))
         if new:
             _add_names(cursor, job_id, sorted({row[1] for row in new}))
-    return new
+    return len(new)
 
 
 def _key(row):
-    return row[:3]
+    return row[1], row[0], row[2]  # name, rank, step: the key's order
 
 
 def _insert(cursor, params: list) -> list[tuple]:

@@ -652,31 +652,31 @@ class ProfileTrace(models.Model):
 
 
 class MetricPoint(models.Model):
-    # No index of their own on the foreign keys: the unique key starts with
-    # the attempt and the chart index with the job, and every point written
-    # maintains every index (the hottest insert of the control plane). No
-    # database constraint on the job either: the job is the attempt's (the
-    # worker token's HMAC covers both, jobs/worker_tokens.py), whose own
-    # constraint already refuses a point of a deleted job's attempt, and each
-    # constraint is a trigger and a row lock per point written.
+    """One value of one metric at one step, from one rank of one attempt.
+
+    The primary key is the only index, and every read goes through it: a
+    job's metric by rank and step (the charts, rank 0 speaking for the job),
+    the newest step, a step range. Its attempt makes a point unique, so a
+    retried batch stores nothing twice (the job is the attempt's: the worker
+    token's HMAC covers both, jobs/worker_tokens.py). Every point written
+    maintains every index and constraint, on the hottest insert of the
+    control plane, so there is no surrogate id and no foreign-key
+    constraint (each a trigger and a row lock per point): that the attempt
+    exists is checked once a statement, under a lock its deletion waits for
+    (jobs/ingest.py, jobs/receivers.py, which deletes an attempt's points).
+    """
+
+    pk = models.CompositePrimaryKey("job_id", "name", "rank", "step", "attempt_id")
     job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="metric_points",
                             db_index=False, db_constraint=False)
-    attempt = models.ForeignKey(JobAttempt, on_delete=models.CASCADE, related_name="metric_points",
-                                db_index=False)
+    attempt = models.ForeignKey(JobAttempt, on_delete=models.DO_NOTHING,
+                                related_name="metric_points", db_index=False,
+                                db_constraint=False)
     rank = models.PositiveIntegerField(default=0)
     name = models.CharField(max_length=64)
     step = models.PositiveIntegerField()
     value = models.FloatField()
     time = models.DateTimeField()
-
-    class Meta:
-        constraints = [
-            # Retried batches insert nothing twice.
-            models.UniqueConstraint(
-                fields=["attempt", "rank", "name", "step"], name="uniq_metric_point"
-            )
-        ]
-        indexes = [models.Index(fields=["job", "name", "step"])]
 
 
 class MetricName(models.Model):

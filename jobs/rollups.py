@@ -112,35 +112,52 @@ def rebuild(attempt_ids: Iterable[int] | None = None, using=None) -> int:
         ids = list(attempt_ids)
         if not ids:
             return 0
-        where = f"WHERE attempt_id IN ({','.join(['%s'] * len(ids))})"
+        listed = ",".join(["%s"] * len(ids))
+        where = f"WHERE attempt_id IN ({listed})"
+        # The points' key leads with the job: their attempts' jobs first.
+        points_where = (f"WHERE job_id IN (SELECT job_id FROM jobs_jobattempt WHERE id IN "
+                        f"({listed})) AND {where.removeprefix('WHERE ')}")
         params = ids
+    else:
+        points_where = ""
     written = 0
     with conn.cursor() as cursor:
         cursor.execute(f"DELETE FROM {TABLE} {where}", params)
         for level in LEVELS:
-            cursor.execute(_rebuild_sql(level, where), params)
+            cursor.execute(_rebuild_sql(level, points_where, conn.vendor),
+                           params * 2)
             written += cursor.rowcount
     return written
 
 
-def _rebuild_sql(level: int, where: str) -> str:
-    """One level's buckets from the raw points. The value at a bucket's last
-    step is looked up by index (the level is one of LEVELS, written into the
-    statement: PostgreSQL groups only by an expression it can see is the
-    selected one); where several ranks other than 0 reported
-    that step, the lowest rank's value is taken."""
-    p = POINTS_TABLE
+def _rebuild_sql(level: int, where: str, vendor: str) -> str:
+    """One level's buckets from the raw points (the level is one of LEVELS,
+    written into the statement: PostgreSQL groups only by an expression it
+    can see is the selected one). The value at a bucket's last step is the
+    lowest rank's where several ranks other than 0 reported that step, as
+    ingest keeps it: PostgreSQL aggregates it in order, in the same pass;
+    SQLite, which has no ordered aggregate before 3.44, looks it up on the
+    points' key."""
+    p, level = POINTS_TABLE, int(level)
+    if vendor == "postgresql":
+        return (
+            f"INSERT INTO {TABLE} ({','.join(COLUMNS)}) "
+            f"SELECT attempt_id, name, (rank = 0), {level}, step / {level}, "
+            f"MIN(step), MAX(step), MIN(value), MAX(value), SUM(value), COUNT(*), "
+            f"(array_agg(value ORDER BY step DESC, rank))[1] FROM {p} {where} "
+            f"GROUP BY attempt_id, name, (rank = 0), step / {level}"
+        )
     return (
         f"INSERT INTO {TABLE} ({','.join(COLUMNS)}) "
-        f"SELECT g.attempt_id, g.name, g.rank0, {int(level)}, g.bucket, g.s0, g.s1, "
+        f"SELECT g.attempt_id, g.name, g.rank0, {level}, g.bucket, g.s0, g.s1, "
         f"g.vmin, g.vmax, g.vsum, g.n, (SELECT q.value FROM {p} q "
-        f"WHERE q.attempt_id = g.attempt_id AND q.name = g.name "
+        f"WHERE q.job_id = g.job_id AND q.name = g.name AND q.attempt_id = g.attempt_id "
         f"AND (q.rank = 0) = g.rank0 AND q.step = g.s1 "
         f"ORDER BY q.rank LIMIT 1) "
-        f"FROM (SELECT attempt_id, name, (rank = 0) AS rank0, step / {int(level)} AS bucket, "
+        f"FROM (SELECT job_id, attempt_id, name, (rank = 0) AS rank0, step / {level} AS bucket, "
         f"MIN(step) AS s0, MAX(step) AS s1, MIN(value) AS vmin, MAX(value) AS vmax, "
         f"SUM(value) AS vsum, COUNT(*) AS n FROM {p} {where} "
-        f"GROUP BY attempt_id, name, (rank = 0), step / {int(level)}) g"
+        f"GROUP BY job_id, attempt_id, name, (rank = 0), step / {level}) g"
     )
 
 

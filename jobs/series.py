@@ -58,14 +58,13 @@ def _attempts(job_id: int) -> list[tuple[int, int | None]]:
         "id", "resume_step"))
 
 
-def _speakers(job_id: int, name: str, attempt_ids: list[int]):
+def _speakers(job_id: int, name: str):
     """The metric's points that speak for the job: rank 0's when rank 0
     reported it, else every rank's; and whether that is rank 0's. The probe
-    names the attempts, so it is a lookup on the unique key (attempt, rank,
-    name, step), never a scan of the whole table however many rows the
-    planner expects."""
+    is a lookup on the primary key's prefix (job, name, rank), never a scan
+    however many rows the planner expects."""
     points = MetricPoint.objects.filter(job_id=job_id, name=name)
-    if MetricPoint.objects.filter(attempt_id__in=attempt_ids, rank=0, name=name).exists():
+    if points.filter(rank=0).exists():
         return points.filter(rank=0), True
     return points, False
 
@@ -111,7 +110,7 @@ def plan(job_id: int, name: str) -> Plan | None:
     attempts = _attempts(job_id)
     if not attempts:
         return None
-    points, rank0 = _speakers(job_id, name, [a for a, _ in attempts])
+    points, rank0 = _speakers(job_id, name)
     return Plan(points, rank0, _cutoffs(attempts, points))
 
 

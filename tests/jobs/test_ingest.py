@@ -151,9 +151,9 @@ class TestQueryCounts:
                            for s in range(1, 501)]}
         with CaptureQueriesContext(connection) as ctx:
             assert client.post(url(attempt, "metrics"), body, format="json").status_code == 200
-        # No read for the token; PostgreSQL: the points, rollups and names in
-        # one statement; SQLite: the same three writes one by one.
-        assert len(statements(ctx)) == (1 if connection.vendor == "postgresql" else 3)
+        # No read for the token; PostgreSQL: the attempt's check, the points,
+        # rollups and names in one statement; SQLite: the same four one by one.
+        assert len(statements(ctx)) == (1 if connection.vendor == "postgresql" else 4)
 
     def test_a_heartbeat_reads_nothing_it_does_not_write(self, job):
         attempt, token = make_attempt(job)

@@ -45,9 +45,7 @@ class Held:
     own: a statement that writes names waits until it is released."""
 
     def __enter__(self):
-        params = connection.get_connection_params()
-        self.conn = psycopg.connect(dbname=connection.settings_dict["NAME"], **{
-            k: v for k, v in params.items() if k in ("host", "port", "user")})
+        self.conn = other_connection()
         self.conn.execute("LOCK TABLE jobs_metricname IN EXCLUSIVE MODE")
         return self
 
@@ -127,7 +125,7 @@ def test_a_retry_queued_beside_its_original_is_stored_once(attempts):
     assert writers(attempts[1]) == writers(attempts[2])
 
 
-def test_a_bad_batch_in_a_group_fails_alone(attempts):
+def test_a_batch_whose_attempt_is_gone_is_refused_alone(attempts):
     gone = attempts[3]
     gone_id = gone.pk
     gone.job.delete()  # its batch arrives after its attempt is gone
@@ -146,3 +144,51 @@ def test_a_bad_batch_in_a_group_fails_alone(attempts):
     assert (results["ok"].new, results["also ok"].new) == (10, 10)
     assert MetricPoint.objects.filter(attempt_id__in=[attempts[1].pk, attempts[2].pk]).count() == 20
     assert not MetricPoint.objects.filter(attempt_id=gone_id).exists()
+    # The gone attempt failed no statement: its neighbours still shared one.
+    assert writers(attempts[1]) == writers(attempts[2])
+
+
+def other_connection(autocommit=False) -> psycopg.Connection:
+    params = connection.get_connection_params()
+    return psycopg.connect(dbname=connection.settings_dict["NAME"], autocommit=autocommit, **{
+        k: v for k, v in params.items() if k in ("host", "port", "user")})
+
+
+def test_deleting_a_job_waits_for_a_batch_in_flight_and_deletes_its_points(attempts):
+    """Metric points have no foreign key to their attempt: a batch locks the
+    attempt for its statement instead, and the deletion locks it first
+    (jobs/receivers.py). A batch written but not yet committed when the
+    deletion starts must not be left behind, nor fail the deletion."""
+    attempt = attempts[0]
+    batch = ingest._Batch(attempt.job_id, attempt.pk, rows())
+    with other_connection() as writer, other_connection(autocommit=True) as watcher:
+        stored = writer.execute(ingest._PG_STORE, ingest._params([batch])).fetchall()
+        assert [alive for _, alive, _ in stored] == [True]
+        outcome = {}
+
+        def delete():
+            try:
+                attempt.job.delete()
+                outcome["ok"] = True
+            except Exception as exc:  # the test asserts on it
+                outcome["error"] = exc
+            finally:
+                connection.close()
+
+        deleter = threading.Thread(target=delete)
+        deleter.start()
+        deadline = time.monotonic() + 30
+        while not watcher.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock'").fetchone():
+            assert time.monotonic() < deadline and deleter.is_alive(), outcome
+            time.sleep(0.02)
+        writer.commit()
+        deleter.join(timeout=60)
+    assert outcome == {"ok": True}
+    assert not MetricPoint.objects.filter(attempt_id=attempt.pk).exists()
+    assert not MetricRollup.objects.filter(attempt_id=attempt.pk).exists()
+    # The other attempts keep theirs; a batch for the deleted one is refused.
+    with pytest.raises(ingest.AttemptGone):
+        ingest.store(attempt.job_id, attempt.pk, rows(step=50), received=10)
+    assert not MetricPoint.objects.filter(attempt_id=attempt.pk).exists()

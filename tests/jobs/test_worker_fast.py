@@ -111,11 +111,12 @@ class TestPlainSuccessIsAnsweredAhead:
             status, reply = call(app, metrics_url(attempt), body, token)
         assert (status, reply) == (200, {"stored": 3, "duplicates": 0})
         assert full.bodies == []
-        # PostgreSQL: points, rollups and names in one statement; SQLite
-        # writes them one by one (jobs/ingest.py), in a savepoint here.
+        # PostgreSQL: the attempt's check, points, rollups and names in one
+        # statement; SQLite runs them one by one (jobs/ingest.py), in a
+        # savepoint here.
         writes = [q for q in queries.captured_queries
                   if not q["sql"].startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))]
-        assert len(writes) == (1 if connection.vendor == "postgresql" else 3)
+        assert len(writes) == (1 if connection.vendor == "postgresql" else 4)
         # A retry of the same batch stores nothing twice, on either path.
         assert call(app, metrics_url(attempt), body, token) == (200, {"stored": 0,
                                                                       "duplicates": 3})
