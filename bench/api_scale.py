@@ -79,18 +79,21 @@ def use_own_database(name: str) -> None:
 
 # --- building the data ----------------------------------------------------
 
-def clone(table: str, template_id: int, count: int, **override: str) -> None:
+def clone(table: str, template, count: int, **override: str) -> None:
     """`count` copies of one row, each column taken from the template `t`
-    unless overridden by an SQL expression over the series number `g`."""
+    unless overridden by an SQL expression over the series number `g`. The
+    template is a row's id, or its key as a dict where the table has no id."""
     from django.db import connection
 
+    key = template if isinstance(template, dict) else {"id": template}
     with connection.cursor() as cur:
         columns = [c.name for c in connection.introspection.get_table_description(cur, table)
                    if c.name != "id"]
         values = ", ".join(override.get(c, f"t.{c}") for c in columns).replace("%", "%%")
+        where = " AND ".join(f"t.{column} = %s" for column in key)
         cur.execute(f"INSERT INTO {table} ({', '.join(columns)}) SELECT {values} "
-                    f"FROM {table} t, generate_series(1, %s) g WHERE t.id = %s",
-                    [count, template_id])
+                    f"FROM {table} t, generate_series(1, %s) g WHERE {where}",
+                    [count, *key.values()])
 
 
 def pick(ids) -> str:
@@ -163,10 +166,11 @@ def build_job_rows(long_job, args):
     clone("jobs_jobevent", event.pk, max(0, args.events - args.long_events),
           job_id=f"{lo} + g % {hi - lo + 1}", attempt_id="NULL",
           created_at="t.created_at - (g % 86400) * interval '1 second'")
-    point = MetricPoint.objects.create(job=long_job, attempt=first, rank=0, name="loss", step=0,
-                                       value=1.0, time=first.created_at)
+    MetricPoint.objects.create(job=long_job, attempt=first, rank=0, name="loss", step=0,
+                               value=1.0, time=first.created_at)
     attempts = ahi - alo + 1
-    clone("jobs_metricpoint", point.pk, args.points - 1,
+    clone("jobs_metricpoint", {"job_id": long_job.pk, "name": "loss", "rank": 0, "step": 0,
+                               "attempt_id": first.pk}, args.points - 1,
           attempt_id=f"{alo} + g % {attempts}", step=f"g / {attempts} + 1",
           value="1.0 / (1 + g)")
 
