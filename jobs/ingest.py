@@ -72,15 +72,16 @@ _PG_STORE = (
     # A point carried twice is written from its first copy: the earlier
     # batch of the group, then the earlier in the batch, as if the copies had
     # come one after the other. Key order is the one lock order of every
-    # statement (no deadlocks).
-    "), u AS ("
+    # statement (no deadlocks): the INSERT reads the materialized rows in
+    # the order they were sorted in. Points of a gone attempt are left out.
+    "), u AS MATERIALIZED ("
     " SELECT DISTINCT ON (j, n, r, s, a) b, (%(jobs)s::int8[])[b] AS j,"
     " (%(attempts)s::int8[])[b] AS a, r, (%(names)s::text[])[ni] AS n, s, v, t"
-    " FROM p ORDER BY j, n, r, s, a, b, o"
+    " FROM p WHERE (%(attempts)s::int8[])[b] IN (SELECT id FROM ok)"
+    " ORDER BY j, n, r, s, a, b, o"
     "), new AS ("
     " INSERT INTO jobs_metricpoint (job_id, attempt_id, rank, name, step, value, time)"
     " SELECT j, a, r, n, s, v, COALESCE(to_timestamp(t), now()) FROM u"
-    " WHERE a IN (SELECT id FROM ok) ORDER BY j, n, r, s, a"
     f" ON CONFLICT ({_KEY}) DO NOTHING"
     " RETURNING job_id, attempt_id, rank, name, step, value"
     # The new points are aggregated once, into the finest level's buckets,
@@ -101,8 +102,14 @@ _PG_STORE = (
     f" FROM fine CROSS JOIN unnest('{{{','.join(map(str, rollups.LEVELS))}}}'::int[]) AS l(level)"
     " GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3, 4, 5 "
     f"{rollups.ON_CONFLICT}"
+    # Each batch's names, once each (its batch and name index pairs), rather
+    # than every new point sorted for them; a name whose points were all
+    # stored before is there already.
     "), named AS ("
-    " INSERT INTO jobs_metricname (job_id, name) SELECT DISTINCT job_id, name FROM new"
+    " INSERT INTO jobs_metricname (job_id, name)"
+    " SELECT DISTINCT (%(jobs)s::int8[])[x.b], (%(names)s::text[])[x.ni]"
+    " FROM unnest(%(named_batch)s::int[], %(named_name)s::int[]) AS x(b, ni)"
+    " WHERE (%(attempts)s::int8[])[x.b] IN (SELECT id FROM ok)"
     " ORDER BY 1, 2 ON CONFLICT (job_id, name) DO NOTHING"
     # Each new point is counted to the batch whose copy of it was written.
     "), counted AS ("
@@ -274,21 +281,27 @@ def _params(group: list[_Batch]) -> dict:
     names: dict[str, int] = {}
     columns: list[list] = [[], [], [], [], [], []]
     batch_column, rank, name, step, value, when = columns
+    named_batch, named_name = [], []
     for index, batch in enumerate(group, 1):
         if not batch.rows:
             continue
         ranks, batch_names, steps, values, times = zip(*batch.rows, strict=True)
         batch_column += [index] * len(ranks)
         rank += ranks
-        name += [names.setdefault(n, len(names) + 1) for n in batch_names]
+        indexes = [names.setdefault(n, len(names) + 1) for n in batch_names]
+        name += indexes
         step += steps
         value += values
         when += times
+        distinct = set(indexes)
+        named_batch += [index] * len(distinct)
+        named_name += distinct
     params = {key: _array(column) for key, column in
               zip(("batch", "rank", "name", "step", "value", "time"), columns, strict=True)}
     params["names"] = "{" + ",".join(map(_quoted, names)) + "}"
     params["jobs"] = _array([batch.job_id for batch in group])
     params["attempts"] = _array([batch.attempt_id for batch in group])
+    params["named_batch"], params["named_name"] = _array(named_batch), _array(named_name)
     return params
 
 
