@@ -26,6 +26,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 
 from clusters.models import Node
+from controlplane.lib.prepared import prepared_cursor
 from controlplane.lib.tasks import enqueue_on_commit
 
 from . import tasks
@@ -61,35 +62,39 @@ _RANK = (
 # query reads it; then the CTEs nothing reads, in order), which is the
 # portable path's lock order: attempt, rank, node, job.
 _PG_BEAT = (
+    # Every parameter cast: the statement is prepared and bound on the
+    # server (controlplane/lib/prepared.py), where a None has no type.
     "WITH a AS ("
-    " UPDATE jobs_jobattempt SET last_heartbeat_at = %(now)s,"
-    " last_step = CASE WHEN last_step < %(step)s THEN %(step)s ELSE last_step END,"
-    " first_step_at = CASE WHEN first_step_at IS NULL AND %(step)s >= 1 THEN %(now)s"
-    " ELSE first_step_at END"
-    " WHERE id = %(attempt)s AND state <> ALL(%(ended)s)"
+    " UPDATE jobs_jobattempt SET last_heartbeat_at = %(now)s::timestamptz,"
+    " last_step = CASE WHEN last_step < %(step)s::int THEN %(step)s::int ELSE last_step END,"
+    " first_step_at = CASE WHEN first_step_at IS NULL AND %(step)s::int >= 1"
+    " THEN %(now)s::timestamptz ELSE first_step_at END"
+    " WHERE id = %(attempt)s::int8 AND state <> ALL(%(ended)s::text[])"
     # first_step_at equal to this beat's time: this beat saw the first step.
-    " RETURNING first_step_at = %(now)s AND %(step)s >= 1, checkpoint_request_id,"
-    " stop_requested_at, profile_request_id, profile_steps,"
+    " RETURNING first_step_at = %(now)s::timestamptz AND %(step)s::int >= 1,"
+    " checkpoint_request_id, stop_requested_at, profile_request_id, profile_steps,"
     " (SELECT checkpoint_policy FROM jobs_trainingjob j WHERE j.id = jobs_jobattempt.job_id),"
     " (SELECT checkpoint_interval_steps FROM jobs_trainingjob j"
     " WHERE j.id = jobs_jobattempt.job_id)"
     "), r AS ("
     " INSERT INTO jobs_rankstatus (attempt_id, rank, node_name, step, gpu, last_heartbeat_at,"
     " samples_per_s, tokens_per_s, step_time_s)"
-    " SELECT %(attempt)s, %(rank)s, %(node)s, %(step)s, %(gpu)s, %(now)s, %(samples_per_s)s,"
-    " %(tokens_per_s)s, %(step_time_s)s FROM a"
+    " SELECT %(attempt)s::int8, %(rank)s::int, %(node)s::text, %(step)s::int, %(gpu)s::jsonb,"
+    " %(now)s::timestamptz, %(samples_per_s)s::float8, %(tokens_per_s)s::float8,"
+    " %(step_time_s)s::float8 FROM a"
     " ON CONFLICT (attempt_id, rank) DO UPDATE SET node_name = excluded.node_name,"
     " step = excluded.step, gpu = excluded.gpu, last_heartbeat_at = excluded.last_heartbeat_at,"
     " samples_per_s = excluded.samples_per_s, tokens_per_s = excluded.tokens_per_s,"
     " step_time_s = excluded.step_time_s"
     "), n AS ("
-    " UPDATE clusters_node SET last_heartbeat_at = %(now)s"
-    " WHERE %(node)s <> '' AND name = %(node)s AND EXISTS (SELECT 1 FROM a)"
-    " AND id IN (SELECT node_id FROM jobs_attemptnode WHERE attempt_id = %(attempt)s)"
-    " AND (last_heartbeat_at IS NULL OR last_heartbeat_at < %(stale)s)"
+    " UPDATE clusters_node SET last_heartbeat_at = %(now)s::timestamptz"
+    " WHERE %(node)s::text <> '' AND name = %(node)s::text AND EXISTS (SELECT 1 FROM a)"
+    " AND id IN (SELECT node_id FROM jobs_attemptnode WHERE attempt_id = %(attempt)s::int8)"
+    " AND (last_heartbeat_at IS NULL OR last_heartbeat_at < %(stale)s::timestamptz)"
     "), j AS ("
-    " UPDATE jobs_trainingjob SET current_step = %(step)s, progress = %(progress)s::jsonb"
-    " WHERE %(rank)s = 0 AND id = %(job)s AND current_step <= %(step)s"
+    " UPDATE jobs_trainingjob SET current_step = %(step)s::int,"
+    " progress = %(progress)s::jsonb"
+    " WHERE %(rank)s::int = 0 AND id = %(job)s::int8 AND current_step <= %(step)s::int"
     " AND EXISTS (SELECT 1 FROM a)"
     ") SELECT * FROM a"
 )
@@ -120,7 +125,7 @@ def _progress(beat: Beat, now) -> dict:
 
 def _record_postgres(beat: Beat, now) -> dict | None:
     gpu = RankStatus._meta.get_field("gpu").get_db_prep_value(beat.gpu, connection)
-    with connection.cursor() as cursor:
+    with prepared_cursor(connection) as cursor:
         cursor.execute(_PG_BEAT, {
             "now": now, "step": beat.step, "attempt": beat.attempt_id, "ended": list(_ENDED),
             "rank": beat.rank, "node": beat.node, "gpu": gpu, "job": beat.job_id,

@@ -37,9 +37,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import msgspec
-import psycopg
 from django.db import connection, transaction
 from django.utils import timezone
+
+from controlplane.lib.prepared import prepared_cursor
 
 from . import rollups
 
@@ -305,33 +306,12 @@ def _params(group: list[_Batch]) -> dict:
     return params
 
 
-class _PreparedCursor(psycopg.Cursor):
-    """A server-side binding cursor that prepares what it runs. Planning the
-    statement cost PostgreSQL as much as writing a batch of 10 points; a
-    prepared one is planned once a connection. (Django turns psycopg's
-    automatic preparing off for every connection, so that its own queries
-    pass through transaction-pooling proxies; PgBouncer 1.21+ carries
-    protocol-level prepared statements like this one.)"""
-
-    def execute(self, query, params=None, *, prepare=None, binary=None):
-        return super().execute(query, params, prepare=True, binary=binary)
-
-    def _convert_query(self, query, params=None):
-        # psycopg keeps the converted query for Django's query log (which
-        # reads `_query`) only where it runs the statement unprepared.
-        self._query = super()._convert_query(query, params)
-        return self._query
-
-
 def _store_postgres(group: list[_Batch]) -> list[int | None]:
     """One statement, so one round trip and one commit for the whole group,
     its text the same for every size; the rollups and names are written by
     data-modifying CTEs from exactly the rows the INSERT returned. The new
     points of each batch, None for a batch whose attempt is gone."""
-    connection.ensure_connection()
-    # Wrapped as Django wraps its cursors, so errors are Django's and the
-    # statement is seen by query logging and counting.
-    with connection._prepare_cursor(_PreparedCursor(connection.connection)) as cursor:
+    with prepared_cursor(connection) as cursor:
         cursor.execute(_PG_STORE, _params(group))
         return [new if alive else None for _, alive, new in cursor.fetchall()]
 
