@@ -130,7 +130,7 @@ if DATABASE_URL:
     DATABASES = {"default": _database(DATABASE_URL)}
     if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         # psycopg prepares a statement only where the code asks for it
-        # (prepare=True: metric batches and heartbeats, jobs/ingest.py): a
+        # (metric batches and heartbeats, controlplane/lib/prepared.py): a
         # threshold no statement reaches by count. Django's default, None,
         # would refuse even those. PgBouncer carries protocol-level prepared
         # statements in transaction mode since 1.21 (max_prepared_statements).
