@@ -50,12 +50,18 @@ def test_a_killed_node_is_taken_out_replaced_from_the_spares_and_the_job_resumes
     assert attempt.failure_class == "hardware"
     kinds = list(job.events.values_list("kind", flat=True))
     first = kinds.index("NodeFailed")
-    assert kinds[first:first + 4] == ["NodeFailed", "NodeCordoned", "NodeReplaced", "Restarting"]
+    # The job's reconcile cordons the node, unless the node's own "lost"
+    # report, handled by the cluster's reconcile, took it out first
+    # (jobs/reconcile/failures.py `_take_out`): the two race, and either way
+    # the timeline says why the node is out before its replacement.
+    out_kind = kinds[first + 1]
+    assert out_kind in ("NodeCordoned", "NodeOutOfService")
+    assert kinds[first:first + 4] == ["NodeFailed", out_kind, "NodeReplaced", "Restarting"]
     assert kinds.index("Restarting") < kinds.index("ResumedFromCheckpoint")
     failed = job.events.get(kind="NodeFailed")
     assert failed.evidence["node"] == node.name
-    cordoned = job.events.get(kind="NodeCordoned")
-    assert cordoned.evidence["node"] == node.name
+    out = job.events.get(kind=out_kind)
+    assert out.evidence["node"] == node.name
     spare = Node.objects.get(replaces=node)
     replaced = job.events.get(kind="NodeReplaced")
     assert replaced.evidence["old"] == node.name and replaced.evidence["new"] == spare.name
@@ -63,7 +69,7 @@ def test_a_killed_node_is_taken_out_replaced_from_the_spares_and_the_job_resumes
     assert resumed.evidence["step"] >= 5 and second.resume_step == resumed.evidence["step"]
     assert spare.name in set(second.placements.values_list("node__name", flat=True))
     assert refreshed(node).state == Node.State.REPLACED
-    assert node.events.filter(to_state=Node.State.CORDONED).exists()
+    assert node.events.filter(to_state__in=[Node.State.CORDONED, Node.State.FAILED]).exists()
     assert not NodeHealthEvent.objects.filter(node__cluster=cluster, severity="critical",
                                               handled_at__isnull=True).exists()
     cancel_and_wait(fleet, job)
