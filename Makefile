@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 # pull the newest CUDA build.
 TORCH ?= 2.13.0
 
-.PHONY: run test test-fast install migrate demo lint bench clean
+.PHONY: run test test-fast test-trainer install migrate demo lint bench clean
 
 $(STAMP): pyproject.toml worker_image/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,16 @@ FAST_WORKERS ?= auto
 test-fast: export REGATTA_STATE_DIR ?= $(CURDIR)/.regatta/test
 test-fast: install
 	$(PY) -m pytest -m "not slow" -n $(FAST_WORKERS) --dist loadfile --durations=10 $(PYTEST_ARGS)
+
+# The worker SDK and the trainer (tests/worker_image, real torchrun ranks)
+# against another torch the worker package admits (torch>=2.9), in a
+# virtualenv of its own, e.g. the GPU image's release:
+#   make VENV=.venv-torch-2.11.0 TORCH=2.11.0 test-trainer
+# Any torch but the pinned one comes from PyPI as a CUDA build, a download
+# of several GB; `make test` runs the same tests on the pinned one.
+test-trainer: export REGATTA_STATE_DIR ?= $(CURDIR)/.regatta/test-trainer
+test-trainer: install
+	$(PY) -m pytest -n $(FAST_WORKERS) --dist loadfile --durations=10 tests/worker_image $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check .

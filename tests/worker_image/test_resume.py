@@ -140,3 +140,35 @@ def test_a_resume_step_picks_the_newest_verified_checkpoint_at_or_before_it(
     assert store.newest_verified(at_most=9, on_skip=lambda s, r: skipped.append(s)) == 4
     assert skipped == [8]
     assert store.newest_verified() == 16
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_compiled_model_saves_async_and_resumes_after_sigkill(launcher, control_plane,
+                                                               tmp_path, strategy):
+    """The set-up issue 11's H100 run crashed in at its second periodic save:
+    `torch.compile` with async saves. Here on CPU (inductor's C++ backend):
+    the compiled wrapper saves and loads the eager module's state, every
+    periodic async save commits without a `checkpoint_failed`, and a run
+    killed after step 8 resumes from it and finishes. Pinned-memory staging
+    itself needs a GPU (bench/gpu_acceptance.py)."""
+    config = {**CONFIG, "strategy": strategy, "compile": True}
+    ckpt = tmp_path / "ckpt"
+    store = open_storage(str(ckpt))
+    run = launcher.start({**config, "step_sleep_s": 0.15}, ckpt, env=control_plane.env(1))
+    # Compiling on two shared cores takes tens of seconds before step 1.
+    run.wait_for(lambda: store.is_committed(8), timeout=150, what="step-8 committed")
+    run.wait_for(lambda: "step 10 loss" in run.log(), what="step 10")
+    os.kill(max(run.ranks()), signal.SIGKILL)
+    run.wait(60)
+    assert store.committed_steps()[:2] == [4, 8] and store.committed_steps()[-1] < 16
+    newest = store.committed_steps()[-1]
+
+    resumed = launcher.run(config, ckpt, timeout=180, env=control_plane.env(2))
+
+    assert resumed.proc.returncode == 0, resumed.log()[-3000:]
+    assert f"resumed from {store.step_uri(newest)} (step {newest})" in resumed.log()
+    assert store.committed_steps()[-1] == 16
+    assert all(store.verify(s) == (True, "ok") for s in store.committed_steps())
+    failed = [r["body"] for r in control_plane.of_kind("events")
+              if r["body"]["kind"] == "checkpoint_failed"]
+    assert failed == []
