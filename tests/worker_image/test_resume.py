@@ -8,7 +8,7 @@ import pytest
 import torch
 from regatta.storage import open_storage
 
-from .helpers import flat_tensors, load_checkpoint
+from .helpers import flat_tensors, load_checkpoint, losses
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -172,3 +172,28 @@ def test_a_compiled_model_saves_async_and_resumes_after_sigkill(launcher, contro
     failed = [r["body"] for r in control_plane.of_kind("events")
               if r["body"]["kind"] == "checkpoint_failed"]
     assert failed == []
+
+
+def test_a_run_resumes_across_world_sizes(launcher, tmp_path):
+    """One rank trains a plain module (no DDP: nothing to synchronise), two
+    ranks a DDP one; the checkpoint names parameters the same either way, so
+    a run moves between them in both directions and carries on learning
+    where it stopped."""
+    ckpt = tmp_path / "ckpt"
+    store = open_storage(str(ckpt))
+    config = {"checkpoint_every_steps": 4, "keep_last": 10}
+
+    alone = launcher.run({**config, "max_steps": 8}, ckpt, nproc=1)
+    pair = launcher.run({**config, "max_steps": 12}, ckpt, nproc=2)
+    alone_again = launcher.run({**config, "max_steps": 16}, ckpt, nproc=1)
+
+    for run, before, after, ranks in ((pair, 8, 12, "1 -> 2"), (alone_again, 12, 16, "2 -> 1")):
+        assert run.proc.returncode == 0, run.log()[-3000:]
+        assert f"resumed from {store.step_uri(before)} (step {before})" in run.log()
+        assert f"world size changed ({ranks})" in run.log()
+        assert store.is_committed(after) and store.verify(after) == (True, "ok")
+    # The loaded weights, not fresh ones: each run's first logged loss is
+    # where the previous run's last one left it, not back at the start.
+    first = losses(alone.log())
+    assert losses(pair.log())[0] < first[0] - 0.1
+    assert losses(alone_again.log())[0] < losses(pair.log())[0] + 0.05

@@ -106,6 +106,14 @@ class Trainer:
                 fully_shard(block)
             fully_shard(model)
             return model
+        if self.d.world_size == 1:
+            # Nothing to synchronise: on one rank DDP would only add its
+            # bucket copies and, under torch.compile, split the graph at every
+            # bucket boundary (dynamo's DDPOptimizer), costing fusion the
+            # bare loop keeps. The checkpoint is the same either way (DCP's
+            # state dict names parameters without DDP's `module.`), so a run
+            # resumes across world sizes.
+            return model
         return DDP(model, device_ids=[self.d.local_rank] if self.use_cuda else None)
 
     def _seed_rank_rngs(self) -> None:
@@ -168,7 +176,9 @@ class Trainer:
         if self.cfg.strategy == "fsdp":
             self.model.set_requires_gradient_sync(last)
             return contextlib.nullcontext()
-        return contextlib.nullcontext() if last else self.model.no_sync()
+        if last or not isinstance(self.model, DDP):
+            return contextlib.nullcontext()
+        return self.model.no_sync()
 
     def _autocast(self):
         if self.autocast_dtype is None:
