@@ -41,7 +41,10 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+# torchrun as a module of this Python: a GPU machine's Python may keep its
+# scripts outside the folder of its executable.
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+WORKER_PACKAGE = Path(__file__).resolve().parent.parent / "worker_image"
 STEP_LINE = re.compile(r"\[rank 0\].* step (\d+) loss \S+ .* (\d+) tok/s")
 
 
@@ -146,7 +149,7 @@ class Runner:
             env["CUDA_VISIBLE_DEVICES"] = ""
         log = self.root / name / "log.txt"
         log.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [TORCHRUN, "--nnodes=1", f"--nproc-per-node={self.profile.nproc}",
+        cmd = [*TORCHRUN, "--nnodes=1", f"--nproc-per-node={self.profile.nproc}",
                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
                "-m", "trainer", "--staging-dir", str(self.root / name / "staging")]
         with open(log, "wb") as out:
@@ -252,6 +255,9 @@ class Table:
         if passed is False:
             self.ok = False
         self.rows.append((check, value, mark))
+        # Each row as it is measured, so that a run cut short (a time limit)
+        # still shows what it found; the whole table follows at the end.
+        print(f"gpu_acceptance: {check}: {value} [{mark}]", file=sys.stderr, flush=True)
 
     def print(self) -> None:
         w = max(len(r[0]) for r in self.rows)
@@ -380,6 +386,19 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
+def use_checkout_worker_package() -> None:
+    """Where the worker package is not installed (a GPU machine's own Python
+    with torch, run from a checkout), take it from the checkout: on this
+    process's path and, through PYTHONPATH, on the ranks'."""
+    try:
+        import regatta  # noqa: F401
+        import trainer  # noqa: F401
+    except ImportError:
+        sys.path.insert(0, str(WORKER_PACKAGE))
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(WORKER_PACKAGE), os.environ.get("PYTHONPATH")) if p)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -388,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="also write the figures to this file")
     ap.add_argument("--keep", action="store_true", help="keep the run folders")
     args = ap.parse_args(argv)
+    use_checkout_worker_package()
     import torch
 
     if not args.cpu_smoke and not torch.cuda.is_available():
