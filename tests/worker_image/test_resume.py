@@ -40,10 +40,10 @@ def fsdp_reference(module_launcher, tmp_path_factory):
     return uninterrupted(module_launcher, tmp_path_factory, FSDP)
 
 
-def kill_a_rank_after_step_8_is_committed(launcher, config, ckpt):
-    run = launcher.start({**config, "step_sleep_s": 0.15}, ckpt)
+def kill_a_rank_after_step_8_is_committed(launcher, config, ckpt, env=None, timeout=60):
+    run = launcher.start({**config, "step_sleep_s": 0.15}, ckpt, env=env)
     store = open_storage(str(ckpt))
-    run.wait_for(lambda: store.is_committed(8), what="step-8 committed")
+    run.wait_for(lambda: store.is_committed(8), timeout=timeout, what="step-8 committed")
     run.wait_for(lambda: "step 10 loss" in run.log(), what="step 10")
     victim = max(run.ranks())
     os.kill(victim, signal.SIGKILL)
@@ -154,13 +154,10 @@ def test_a_compiled_model_saves_async_and_resumes_after_sigkill(launcher, contro
     config = {**CONFIG, "strategy": strategy, "compile": True}
     ckpt = tmp_path / "ckpt"
     store = open_storage(str(ckpt))
-    run = launcher.start({**config, "step_sleep_s": 0.15}, ckpt, env=control_plane.env(1))
     # Compiling on two shared cores takes tens of seconds before step 1.
-    run.wait_for(lambda: store.is_committed(8), timeout=150, what="step-8 committed")
-    run.wait_for(lambda: "step 10 loss" in run.log(), what="step 10")
-    os.kill(max(run.ranks()), signal.SIGKILL)
-    run.wait(60)
-    assert store.committed_steps()[:2] == [4, 8] and store.committed_steps()[-1] < 16
+    kill_a_rank_after_step_8_is_committed(launcher, config, ckpt, env=control_plane.env(1),
+                                          timeout=150)
+    assert store.committed_steps()[:2] == [4, 8]
     newest = store.committed_steps()[-1]
 
     resumed = launcher.run(config, ckpt, timeout=180, env=control_plane.env(2))
