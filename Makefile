@@ -60,8 +60,10 @@ test-trainer: export REGATTA_STATE_DIR ?= $(CURDIR)/.regatta/test-trainer
 test-trainer: install
 	$(PY) -m pytest -n $(FAST_WORKERS) --dist loadfile --durations=10 tests/worker_image $(PYTEST_ARGS)
 
+# ruff, then the arrows (pyproject.toml's [tool.importlinter] contracts).
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
 
 clean:
 	rm -rf .regatta staticfiles test-artifacts

@@ -6,4 +6,9 @@ class ClustersConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import tasks  # noqa: F401  (registers the tasks other apps send by name)
+        from controlplane.lib import tasks as ports
+
+        from . import tasks
+
+        # Services, reconcilers and other apps send it through the port.
+        ports.RECONCILE_CLUSTER.provide(tasks.reconcile_cluster)

@@ -9,11 +9,14 @@ class JobsConfig(AppConfig):
         # Clusters ask what runs on a node through this port, never by
         # importing jobs (clusters/workload.py).
         from clusters import workload
+        from controlplane.lib import tasks as ports
 
-        from . import (
-            receivers,  # noqa: F401  (connects the receivers)
-            tasks,  # noqa: F401  (registers the tasks other apps send by name)
-        )
+        from . import receivers, tasks  # noqa: F401  (receivers: connects them)
         from .scheduling import jobs_on_nodes
 
         workload.register(jobs_on_nodes)
+        # Code of other apps, and this app's own lower layers, send these
+        # tasks through the kernel's ports, never by importing jobs.tasks.
+        ports.RECONCILE_JOB.provide(tasks.reconcile_job)
+        ports.RECONCILE_JOBS.provide(tasks.reconcile_jobs)
+        ports.ADMIT_CLUSTER.provide(tasks.admit_cluster)

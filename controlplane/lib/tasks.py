@@ -1,14 +1,15 @@
-"""Helpers for Celery tasks: enqueue after commit, by name, ids only.
+"""Helpers for Celery tasks: enqueue after commit, through ports, ids only.
 
-Code below the task layer (services, reconcilers, models) names the task it
-wants run instead of importing the module that defines it: a task module
-imports the reconciler it wraps, so an import the other way would close a
-circle.
+Code below the task layer (services, reconcilers, models), and code of
+another app, sends a task through a port instead of importing the module
+that defines it: a task module imports the reconciler it wraps, so an import
+the other way would close a circle, and this kernel names no app at all, not
+even by a dotted string. The app that owns a task provides it to its port
+when Django starts (its `AppConfig.ready`).
 """
 
 import logging
 
-from celery import current_app
 from django.conf import settings
 from django.db import transaction
 from kombu.exceptions import OperationalError
@@ -17,16 +18,38 @@ from . import locks
 
 log = logging.getLogger(__name__)
 
-# The reconcile and admission tasks, by name (their modules import the code
-# that enqueues them).
-RECONCILE_JOB = "jobs.tasks.reconcile_job"
-RECONCILE_JOBS = "jobs.tasks.reconcile_jobs"
-ADMIT_CLUSTER = "jobs.tasks.admit_cluster"
-RECONCILE_CLUSTER = "clusters.tasks.reconcile_cluster"
+
+class Port:
+    """A task that one app provides and any code may send, by port."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self.task = None
+
+    def provide(self, task) -> None:
+        if self.task is not None and self.task is not task:
+            raise RuntimeError(f"{self.what}: provided twice ({self.task.name}, {task.name})")
+        self.task = task
+
+    def resolve(self):
+        if self.task is None:
+            raise LookupError(f"no installed app provides the task to {self.what}")
+        return self.task
+
+    def __repr__(self) -> str:
+        return f"<Port {self.what}>"
+
+
+# The reconcile and admission tasks, by port: `jobs` provides the first three,
+# `clusters` the last (each in its AppConfig.ready).
+RECONCILE_JOB = Port("reconcile a job")
+RECONCILE_JOBS = Port("reconcile several jobs")
+ADMIT_CLUSTER = Port("admit a cluster's queue")
+RECONCILE_CLUSTER = Port("reconcile a cluster")
 
 
 def enqueue_on_commit(task, *ids: int) -> None:
-    """Send `task` (a task or its registered name) with ids once the
+    """Send `task` (a task or its port) with ids once the
     surrounding transaction commits, so the worker never reads a row before
     it exists.
 
@@ -41,9 +64,9 @@ def enqueue_on_commit(task, *ids: int) -> None:
 
 
 def _resolve(task):
-    # The registry, not send_task: a registered task honours
+    # The task object itself, not send_task: a registered task honours
     # CELERY_TASK_ALWAYS_EAGER like a direct .delay() does.
-    return current_app.tasks[task] if isinstance(task, str) else task
+    return task.resolve() if isinstance(task, Port) else task
 
 
 def _send(task, ids: tuple[int, ...]) -> None:
