@@ -8,13 +8,22 @@ lists live on their own paginated pages (views.jobs.job_checkpoints,
 job_attempts), which are not polled.
 """
 
-from django.db.models import Count
+import hashlib
+
+from django.db.models import Count, Max, Q, Subquery, Sum
 
 from checkpoints.models import Checkpoint
 from jobs import goodput as ledger
-from jobs.models import GoodputEntry, TrainingJob
+from jobs.models import GoodputEntry, JobAttempt, JobEvent, ProfileTrace, TrainingJob
 
 EVENT_LIMIT = 200
+# A page's revision changes at least this often, so what it shows relative
+# to now ("3 min ago", a backoff's countdown) is never staler than this.
+REVISION_PERIOD_S = 30
+# Fields of the job row that heartbeats and reconcile passes move every few
+# seconds while it runs: the status fragment shows them on every poll, and
+# the tables' revision leaves them out, or it would change on every poll.
+MOVED_BY_HEARTBEATS = frozenset({"current_step", "progress", "next_reconcile_at"})
 CHECKPOINT_ROWS = 20
 ATTEMPT_ROWS = 10
 EVAL_ROWS = 20
@@ -118,20 +127,25 @@ def job_goodput(job: TrainingJob) -> dict:
     return ledger_view(GoodputEntry.objects.filter(job=job))
 
 
-def latest_preflight(job: TrainingJob) -> dict:
+def latest_preflight(job: TrainingJob, newest: JobAttempt | None = None) -> dict:
     """The newest attempt's preflight, with its all-reduce bandwidth in GB/s.
 
     Providers report it either whole (`allreduce_gbps`) or per node under
     `allreduce` (the local provider: each node's `busbw_gbps`); the gang runs
     at its slowest node's pace, so the minimum is what counts. A launch that
     skipped the check (its nodes had all passed recently) measured nothing:
-    the newest check that ran is shown instead, when there is one.
+    the newest check that ran is shown instead, when there is one. `newest`
+    is the job's newest attempt, where the caller has read it already.
     """
-    reports = job.attempts.exclude(preflight={}).order_by("-number").only("number", "preflight")
-    newest = reports.first()
-    if newest is None:
-        return {}
-    attempt = next((a for a in reports[:50] if not a.preflight.get("skipped")), newest)
+    if newest is not None and newest.preflight and not newest.preflight.get("skipped"):
+        attempt = newest  # the common case, and no query: the live poll has it
+    else:
+        reports = (job.attempts.exclude(preflight={}).order_by("-number")
+                   .only("number", "preflight"))
+        newest = reports.first()
+        if newest is None:
+            return {}
+        attempt = next((a for a in reports[:50] if not a.preflight.get("skipped")), newest)
     report = dict(attempt.preflight)
     gbps = report.get("allreduce_gbps")
     if gbps is None and isinstance(report.get("allreduce"), dict):
@@ -152,3 +166,52 @@ def interval(job: TrainingJob) -> dict:
         "configured": job.checkpoint_every_steps,
         "inputs": job.checkpoint_interval_inputs if job.checkpoint_policy == "auto" else {},
     }
+
+
+
+def _per_job(queryset, aggregate):
+    """`aggregate` over the job's rows of `queryset`, as a scalar subquery
+    (grouped by the job: one group)."""
+    return Subquery(queryset.order_by().values("job").annotate(v=aggregate).values("v")[:1])
+
+
+def revision(job: TrainingJob, now) -> tuple[str, JobAttempt | None]:
+    """A fingerprint of everything the job page's tables show, read in one
+    query of stamps beside the job's row and its newest attempt (returned
+    too: the status reads it). The page sends the fingerprint back on its
+    next poll, and tables that have not changed are not rendered again
+    (views.jobs.job_live).
+
+    It covers the job row (phase, conditions, every field but those a
+    heartbeat or a reconcile pass moves: the status fragment, rendered on
+    every poll, shows those), the timeline of the job and of its eval runs
+    (every transition of a job or an attempt writes an event), the newest
+    attempt's row (preflight, a pending profile), the checkpoints' states
+    (verification, corruption and retention change rows in place), the
+    goodput ledger (entries grow in place while an attempt runs), the
+    profiles, and the time in periods of REVISION_PERIOD_S, so text relative
+    to now ("3 min ago") is never staler than that.
+    """
+    checkpoints = Checkpoint.objects.filter(job=job)
+    goodput = GoodputEntry.objects.filter(job=job)
+    stamps = TrainingJob.objects.filter(pk=job.pk).annotate(
+        rev_last_event=Subquery(JobEvent.objects.filter(Q(job=job) | Q(job__parent=job))
+                            .order_by("-id").values("id")[:1]),
+        rev_checkpoints=_per_job(checkpoints, Count("id")),
+        rev_verified=_per_job(checkpoints, Count("verified_at")),
+        rev_deleted=_per_job(checkpoints.filter(state=Checkpoint.State.DELETED), Count("id")),
+        rev_corrupt=_per_job(checkpoints.filter(state=Checkpoint.State.CORRUPT), Count("id")),
+        rev_goodput_rows=_per_job(goodput, Count("id")),
+        rev_goodput_s=_per_job(goodput, Sum("seconds")),
+        rev_profiles=_per_job(ProfileTrace.objects.filter(job=job), Max("id")),
+    ).values_list("rev_last_event", "rev_checkpoints", "rev_verified", "rev_deleted",
+                  "rev_corrupt", "rev_goodput_rows", "rev_goodput_s", "rev_profiles").first()
+    newest = job.attempts.order_by("-number").first()
+    parts = [
+        [getattr(job, f.attname) for f in TrainingJob._meta.concrete_fields
+         if f.name not in MOVED_BY_HEARTBEATS],
+        stamps,
+        newest and [getattr(newest, f.attname) for f in JobAttempt._meta.concrete_fields],
+        int(now.timestamp() // REVISION_PERIOD_S),
+    ]
+    return hashlib.blake2b(repr(parts).encode(), digest_size=12).hexdigest(), newest

@@ -13,7 +13,8 @@ __all__ = ["actor_for", "is_operator", "visible_jobs", "visible_teams", "job_for
 
 def job_for(user, pk: int) -> TrainingJob:
     """Another team's job is simply not found, so its existence does not leak."""
-    job = visible_jobs(user).filter(pk=pk).first()
+    # Team and cluster come along: every job page shows their names.
+    job = visible_jobs(user).filter(pk=pk).select_related("team", "cluster").first()
     if job is None:
         raise Http404("No such job.")
     return job

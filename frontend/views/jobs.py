@@ -14,9 +14,14 @@ from . import live
 PAGE_SIZE = 50
 HISTORY_PAGE = 50
 LIST_PARTIALS = {"job-rows": "frontend/partials/job_rows.html"}
-DETAIL_PARTIALS = {
+# Rendered on every poll: the status line (step, throughput) moves with each
+# heartbeat.
+STATUS_PARTIALS = {
     "job-status": "frontend/partials/job_status.html",
     "job-actions": "frontend/partials/job_actions.html",
+}
+DETAIL_PARTIALS = {
+    **STATUS_PARTIALS,
     "job-attempts": "frontend/partials/job_attempts.html",
     "job-checkpoints": "frontend/partials/job_checkpoints.html",
     "job-events": "frontend/partials/job_events.html",
@@ -61,28 +66,44 @@ def job_list_live(request):
     return live.fragments(request, LIST_PARTIALS, _list_context(request))
 
 
-def _detail_context(request, job):
-    attempts = list(jobdetail.attempts(job))
-    checkpoints = list(jobdetail.checkpoints(job))
+def _status_context(request, job, newest) -> dict:
+    """What the status line and the actions show: rendered on every poll."""
     return {
         "job": job,
         "can_act": scoping.can_act_on_job(request.user, job),
+        # Attempts are numbered 1, 2, ... with none deleted while the job is.
+        "attempt_count": newest.number if newest else 0,
+        "interval": jobdetail.interval(job),
+        "preflight": jobdetail.latest_preflight(job, newest),
+    }
+
+
+def _tables_context(request, job, newest) -> dict:
+    """The status and the tables the live poll refreshes when they changed."""
+    checkpoints = list(jobdetail.checkpoints(job))
+    return {
+        **_status_context(request, job, newest),
         # An ended job's checkpoints offer a rerun to whoever may ask one.
         "can_rerun": job.is_terminal and services.may_rerun(request.user, job),
-        "restarts": budgets.summary(job, timezone.now()),
-        "attempts": attempts,
-        "attempt_count": job.attempts.count(),
+        "attempts": list(jobdetail.attempts(job)),
         "checkpoints": checkpoints,
         "checkpoint_counts": jobdetail.checkpoint_counts(job, len(checkpoints)),
         "loadable": jobdetail.LOADABLE,
         "events": jobdetail.events(job),
-        "preemptions": jobdetail.preemptions(job),
         "evals": jobdetail.evals(job),
-        "event_count": job.events.count(),
         "goodput": jobdetail.job_goodput(job),
-        "interval": jobdetail.interval(job),
-        "preflight": jobdetail.latest_preflight(job),
         **profiles.context(job),
+    }
+
+
+def _detail_context(request, job):
+    """The whole page: the tables, and what only the page itself shows."""
+    newest = job.attempts.order_by("-number").first()
+    return {
+        **_tables_context(request, job, newest),
+        "restarts": budgets.summary(job, timezone.now()),
+        "preemptions": jobdetail.preemptions(job),
+        "event_count": job.events.count(),
     }
 
 
@@ -97,14 +118,29 @@ def job_detail(request, pk: int):
 
 @login_required
 def job_live(request, pk: int):
+    """What an open job page asks every few seconds. It sends back the
+    revision of the tables it shows and the key of the charts it drew:
+    tables whose revision has not changed are not rendered again, nor are
+    charts while the step and the revision stand still, so a poll that finds
+    nothing new costs the job's row, one query of stamps, its newest attempt
+    and the membership check."""
     job = scoping.job_for(request.user, pk)
-    extra = {"phase": job.phase, "terminal": job.is_terminal, "step": job.current_step}
+    rev, newest = jobdetail.revision(job, timezone.now())
+    changed = request.GET.get("rev") != rev
+    charts_key = f"{job.current_step}.{rev}"
+    extra = {"phase": job.phase, "terminal": job.is_terminal, "step": job.current_step,
+             "rev": rev}
     # The page stops asking for charts once it has drawn a finished job.
-    if request.GET.get("charts", "1") != "0":
+    wants_charts = request.GET.get("charts", "1") != "0"
+    if wants_charts and request.GET.get("charts_key") != charts_key:
         layer = request.GET.get("moe_layer", "")
         extra["charts"] = charts.chart_data(job, moe_layer=int(layer) if layer.isdigit()
                                             else None)
-    ctx = _detail_context(request, job)
+        extra["charts_key"] = charts_key
+    if not changed:
+        return live.fragments(request, STATUS_PARTIALS, _status_context(request, job, newest),
+                              **extra)
+    ctx = _tables_context(request, job, newest)
     extra["goodput"] = ctx["goodput"]["chart"]
     partials = DETAIL_PARTIALS
     if not (job.eval_policy or ctx["evals"]):

@@ -162,6 +162,7 @@
     moeSelect.addEventListener("change", function () {
       moeLayer = moeSelect.value;
       finalDrawn = false; // a finished job's other layer still needs its one draw
+      drawnKey = ""; // and the series drawn are another layer's
       root.dataset.liveParams = "moe_layer=" + moeLayer;
     });
   }
@@ -183,6 +184,9 @@
   let polls = 0;
   let heavy = false;
   let finalDrawn = false;
+  // What the drawn series were read at (the server's charts_key): sent back,
+  // the server reads the series again only once the job has moved on.
+  let drawnKey = "";
 
   document.addEventListener("regatta:live", function (ev) {
     const d = ev.detail;
@@ -191,11 +195,14 @@
       clearLoading();
       draw(d.charts);
       heavy = d.charts.loss.total > HEAVY_POINTS;
+      drawnKey = d.charts_key || "";
     }
     // A finished job's series no longer change: one last draw, then stop asking.
     if (d.terminal && d.charts) finalDrawn = true;
     const want = d.terminal ? !finalDrawn : !heavy || polls % HEAVY_EVERY === 0;
-    const layerParam = moeLayer ? "moe_layer=" + moeLayer : "";
-    root.dataset.liveParams = want ? layerParam : "charts=0";
+    const params = [];
+    if (moeLayer) params.push("moe_layer=" + moeLayer);
+    if (drawnKey) params.push("charts_key=" + encodeURIComponent(drawnKey));
+    root.dataset.liveParams = want ? params.join("&") : "charts=0";
   });
 })();

@@ -8,8 +8,12 @@
   const seen = {};
   const stamp = document.getElementById("live-at");
 
+  // A page whose answers carry a revision (the job page) sends back the last
+  // one: the server then renders only what changed since.
+  let since = "";
+
   function url() {
-    const extra = root.dataset.liveParams || "";
+    const extra = [root.dataset.liveParams || "", since].filter(Boolean).join("&");
     const base = root.dataset.liveUrl;
     return extra ? base + (base.includes("?") ? "&" : "?") + extra : base;
   }
@@ -22,6 +26,9 @@
         el.innerHTML = html;
         seen[id] = html;
       }
+    }
+    if (data.rev) {
+      since = "rev=" + encodeURIComponent(data.rev);
     }
     document.dispatchEvent(new CustomEvent("regatta:live", { detail: data }));
   }
