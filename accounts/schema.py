@@ -13,7 +13,7 @@ class ApiTokenScheme(OpenApiAuthenticationExtension):
 
 
 class WorkerTokenScheme(OpenApiAuthenticationExtension):
-    target_class = "jobs.worker_auth.WorkerTokenAuthentication"
+    target_class = "jobs.worker_api.auth.WorkerTokenAuthentication"
     name = "workerToken"
 
     def get_security_definition(self, auto_schema):

@@ -48,7 +48,7 @@ def main() -> None:
     redis_proc = start_redis(settings.EMBEDDED_REDIS_SOCKET) if settings.EMBEDDED_REDIS else None
     call_command("migrate", verbosity=0)
     from clusters.models import Cluster, Node, NodePool
-    from jobs import scheduling
+    from jobs import admission
     from jobs.models import Phase, Quota, Team, TrainingJob
     from tests.support import memory_provider as memory
 
@@ -89,10 +89,10 @@ def main() -> None:
             import pstats
 
             with cProfile.Profile() as prof:
-                scheduling.admit(cluster.id, timezone.now())
+                admission.admit(cluster.id, timezone.now())
             pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
         else:
-            scheduling.admit(cluster.id, timezone.now())
+            admission.admit(cluster.id, timezone.now())
         seconds = time.perf_counter() - t0
         admitted = TrainingJob.objects.filter(cluster=cluster, phase=Phase.ADMITTED)
         borrowing = admitted.filter(borrowed_gpus__gt=0).count()

@@ -2,10 +2,10 @@
 
 Creates a throwaway test database (PostgreSQL when DATABASE_URL is set, else
 SQLite in the state folder), stores N loss points for one job through the
-ingest path (jobs.ingest, which keeps the rollups), optionally with other
+ingest path (jobs.metrics.ingest, which keeps the rollups), optionally with other
 jobs' points beside it so the table is larger than the job, then times:
 
-- the downsampled series (jobs.series: LTTB to 600 points) as it is read
+- the downsampled series (jobs.metrics.series: LTTB to 600 points) as it is read
   now, from the rollups, beside the raw-aggregate path that every request
   took before (the database buckets all of the job's raw rows);
 - the job page's live fragment (`/jobs/<id>/live/`, what the page polls);
@@ -43,7 +43,7 @@ BATCH = 5_000
 
 def build(points: int, other_points: int):
     from clusters.models import Cluster, NodePool
-    from jobs import ingest
+    from jobs.metrics import ingest
     from jobs.models import JobAttempt, Team, TrainingJob
 
     cluster = Cluster.objects.create(name="bench", provider="local")
@@ -64,7 +64,7 @@ def build(points: int, other_points: int):
     if other_points:
         job_with("others", other_points)
     job = job_with("million", points)
-    print(f"stored {points + other_points:,} points through jobs.ingest in "
+    print(f"stored {points + other_points:,} points through jobs.metrics.ingest in "
           f"{time.perf_counter() - start:.1f}s")
     return job
 
@@ -86,7 +86,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from frontend import charts
-    from jobs import series
+    from jobs.metrics import series
     from jobs.models import MetricPoint
 
     old_name = connection.settings_dict["NAME"]

@@ -53,7 +53,7 @@ def main() -> None:
     from clusters.models import Cluster, Node, NodePool
     from clusters.providers import pool_info
     from clusters.reconcile import reconcile_cluster
-    from jobs import scheduling
+    from jobs import admission
     from jobs.models import Phase, Quota, Team, TrainingJob
     from jobs.reconcile import reconcile_job
     from tests.support import memory_provider as memory
@@ -91,7 +91,7 @@ def main() -> None:
         queue("j", teams, timezone.now())
 
         t0 = time.perf_counter()
-        scheduling.admit(cluster.id, timezone.now())
+        admission.admit(cluster.id, timezone.now())
         busy_pass = time.perf_counter() - t0
         admitted = TrainingJob.objects.filter(cluster=cluster, phase=Phase.ADMITTED).count()
 
@@ -106,7 +106,7 @@ def main() -> None:
                                                  phase=Phase.ADMITTED).count()
             Quota.objects.filter(team=team, cluster=cluster).update(max_running_jobs=running)
         waiting = queue("w", teams, timezone.now())
-        scheduling.admit(cluster.id, timezone.now())  # the cluster side of the sweep
+        admission.admit(cluster.id, timezone.now())  # the cluster side of the sweep
 
         # Now: each queued job's reconcile reads the reason admission left.
         t0 = time.perf_counter()
@@ -121,7 +121,7 @@ def main() -> None:
         times = []
         for job_id in sample:
             t1 = time.perf_counter()
-            scheduling.admit(cluster.id, timezone.now())
+            admission.admit(cluster.id, timezone.now())
             reconcile_job(job_id, timezone.now())
             times.append(time.perf_counter() - t1)
         sweep_before = statistics.fmean(times) * len(waiting)

@@ -74,7 +74,7 @@ class ClusterSettings:
                                             "spot notice or drain", minimum=0)
     spot_deadline_margin_s: float = setting(10.0, "time kept before a notice's deadline to "
                                             "stop the gang", minimum=0)
-    # -- sharing between teams (jobs/sharing.py) -------------------------------------
+    # -- sharing between teams (jobs/admission/sharing.py) -------------------------------------
     fair_share: bool = setting(True, "when more is asked than is free, admit teams in order "
                                "of GPUs held per unit of quota weight")
     preemption_checkpoint_wait_s: float = setting(
@@ -127,7 +127,7 @@ class ClusterSettings:
 
 # The one pool key every provider understands: a node label (a placement
 # group, a rack, an EFA topology block) whose nodes a gang is kept within
-# when it can be (jobs/placement.py). Read as `NodePool.topology_label`.
+# when it can be (jobs/admission/placement.py). Read as `NodePool.topology_label`.
 TOPOLOGY_LABEL = "topology_label"
 
 

@@ -1,13 +1,13 @@
 """The job page's chart data: downsampled series plus the marks drawn on them.
 
-Series are downsampled on the server (LTTB, in jobs.series, the same code the
+Series are downsampled on the server (LTTB, in jobs.metrics.series, the same code the
 API's metrics endpoint uses), so a job with a million points sends the
 browser a few hundred per series.
 """
 
 from checkpoints.models import Checkpoint
 from frontend import expert_load
-from jobs import series
+from jobs.metrics import series
 from jobs.models import MetricPoint, TrainingJob
 
 POINTS = 600

@@ -1,7 +1,7 @@
 """The job page's expert-load heatmap: for one MoE layer, each expert's share
 of the routed tokens (`moe/layer<L>/expert<E>_load`, trainer/moe.py) by step.
 
-Each expert's row is its downsampled series (jobs.series, LTTB over the
+Each expert's row is its downsampled series (jobs.metrics.series, LTTB over the
 rollups), so the cost follows the chart's width, not the job's length. LTTB
 keeps different steps for different series, so the rows are laid on one grid
 of columns: every step any row kept while they are few, else equal spans of
@@ -12,7 +12,7 @@ import re
 
 import numpy as np
 
-from jobs import series
+from jobs.metrics import series
 from jobs.models import MetricName, TrainingJob
 
 COLUMNS = 200

@@ -86,7 +86,7 @@ class NodeTile:
     busy: bool = False
     job: object = None  # the TrainingJob running there, when the viewer may see it
     health: str = "ok"  # ok | warning | critical: the worst open health event
-    # The gang there holds GPUs beyond its team's quota (jobs/sharing.py):
+    # The gang there holds GPUs beyond its team's quota (jobs/admission/sharing.py):
     # the lending team may reclaim them.
     borrowed: bool = False
 

@@ -61,14 +61,14 @@ def checkpoint_counts(job: TrainingJob, shown: int) -> dict:
 
 
 def preemptions(job: TrainingJob) -> list[dict]:
-    """Each time the job was preempted or reclaimed (jobs/reconcile/evict.py),
+    """Each time the job was preempted or reclaimed (jobs/reconcile/preemption.py),
     newest first: by which job, the checkpoint it saved, what it lost."""
     rows = job.events.filter(kind="Preempted").order_by("-created_at", "-id")[:EVENT_LIMIT]
     return [{"at": e.created_at, "message": e.message, **(e.evidence or {})} for e in rows]
 
 
 def evals(job: TrainingJob) -> list[dict]:
-    """The job's newest eval runs (jobs/evals.py), by checkpoint step, with
+    """The job's newest eval runs (jobs/evals/), by checkpoint step, with
     what they reported."""
     rows = reversed(TrainingJob.objects.filter(parent=job)
                     .annotate(attempt_count=Count("attempts"))

@@ -1,5 +1,5 @@
 """The job page's Profiles section: the newest on-demand profiles
-(jobs/profiling.py), each with a download link per rank."""
+(jobs/profiling/), each with a download link per rank."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The team page's figures: quota usage, and GPU-hours held and lost."""
 
+from jobs.admission import quota_usage
 from jobs.models import GoodputEntry, Team
-from jobs.scheduling import quota_usage
 
 from .jobdetail import ledger_view
 

@@ -4,9 +4,9 @@ from django.db.models import F, IntegerField, OuterRef, Subquery, Sum
 from django.db.models.functions import Coalesce
 
 from controlplane.lib.errors import IllegalTransition
+from jobs.admission import request_admission
 
 from .models import JobAttempt, JobEvent, Quota, Team, TrainingJob
-from .scheduling import request_admission
 from .services import poke
 
 

@@ -10,9 +10,9 @@ class JobsConfig(AppConfig):
         # importing jobs (clusters/workload.py).
         from clusters import workload
         from controlplane.lib import tasks as ports
+        from jobs.admission import jobs_on_nodes
 
         from . import receivers, tasks  # noqa: F401  (receivers: connects them)
-        from .scheduling import jobs_on_nodes
 
         workload.register(jobs_on_nodes)
         # Code of other apps, and this app's own lower layers, send these

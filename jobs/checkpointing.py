@@ -83,7 +83,7 @@ def protected_steps(job) -> set[int]:
     (restart_from_step, or the checkpoint that request resolves to, the newest
     loadable at or below it), the resume point of every attempt still
     preflighting, starting or running, and every step an eval run that has
-    not ended has yet to read (jobs/evals.py)."""
+    not ended has yet to read (jobs/evals/)."""
     steps = set(JobAttempt.objects.filter(job=job, resume_step__isnull=False)
                 .exclude(state__in=JobAttempt.ENDED).values_list("resume_step", flat=True))
     steps |= set(TrainingJob.objects.filter(parent=job).exclude(

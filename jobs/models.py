@@ -14,8 +14,7 @@ from django.utils import timezone
 
 from controlplane.lib.errors import IllegalTransition
 from controlplane.lib.transitions import change_state, change_states, event_time
-
-from . import worker_tokens
+from jobs.worker_api import tokens as worker_tokens
 
 
 class Team(models.Model):
@@ -83,7 +82,7 @@ NO_HEARTBEATS = "NoHeartbeats"
 
 # An eval run's priority: below any a training job may be given (the spec's
 # priority is -1000..1000, jobs/validators.py), so within its team every
-# training job goes first and may preempt it (jobs/evals.py).
+# training job goes first and may preempt it (jobs/evals/).
 EVAL_PRIORITY = -1001
 
 
@@ -95,7 +94,7 @@ class TrainingJob(models.Model):
     # Allowed source phases for each target phase.
     TRANSITIONS = {
         # From an end: a person's rerun of the job from a checkpoint;
-        # starting/running → queued: preempted (jobs/reconcile/evict.py).
+        # starting/running → queued: preempted (jobs/reconcile/preemption.py).
         P.QUEUED: {P.PENDING, P.RESTARTING, P.ADMITTED, P.STARTING, P.RUNNING, P.SUCCEEDED,
                    P.FAILED, P.CANCELLED},
         P.ADMITTED: {P.QUEUED},
@@ -118,7 +117,7 @@ class TrainingJob(models.Model):
     class Kind(models.TextChoices):
         TRAIN = "train", "Training"
         # A short run that evaluates one of its parent's checkpoints on spare
-        # capacity (jobs/evals.py); it never writes checkpoints of its own.
+        # capacity (jobs/evals/); it never writes checkpoints of its own.
         EVAL = "eval", "Evaluation"
 
     class Completion(models.TextChoices):
@@ -158,7 +157,7 @@ class TrainingJob(models.Model):
     keep_last = models.PositiveIntegerField(default=3)
     restart_budgets = models.JSONField(default=default_restart_budgets)
     # The window of progress after which a class's spent restarts are
-    # forgiven (jobs/budgets.py); 0 turns that half of the window off.
+    # forgiven (jobs/reconcile/budgets.py); 0 turns that half of the window off.
     budget_reset_steps = models.PositiveIntegerField(default=1000)
     budget_reset_minutes = models.PositiveIntegerField(default=60)
     priority = models.IntegerField(default=0)
@@ -171,7 +170,7 @@ class TrainingJob(models.Model):
     restart_from_step = models.PositiveIntegerField(null=True, blank=True)
     generation = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
-    # Evaluation (jobs/evals.py). On a training job, `eval_policy` is the
+    # Evaluation (jobs/evals/). On a training job, `eval_policy` is the
     # spec's `eval` block (empty: none). An eval run is a job of its own,
     # made by its parent's reconcile: `parent` and the checkpoint step it
     # evaluates are its spec; `eval_result` is what it reported.
@@ -192,7 +191,7 @@ class TrainingJob(models.Model):
     # Restarts per class in this run, forgiven or not ("N in all").
     restart_counts = models.JSONField(default=dict, blank=True)
     # Restarts per class charged to the job within the window: what the
-    # budget is held against (jobs/budgets.py).
+    # budget is held against (jobs/reconcile/budgets.py).
     budget_spent = models.JSONField(default=dict, blank=True)
     # Per class, the step and time of its last failure; and the streak of
     # unconfirmed failures on fresh nodes.
@@ -204,7 +203,7 @@ class TrainingJob(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     next_reconcile_at = models.DateTimeField(null=True, blank=True, db_index=True)
-    # Sharing (jobs/sharing.py), written by the admission pass: GPUs this gang
+    # Sharing (jobs/admission/sharing.py), written by the admission pass: GPUs this gang
     # holds beyond its team's quota, and whose idle quota they are ({team id:
     # GPUs}); a lender that needs them back reclaims the gang.
     borrowed_gpus = models.PositiveIntegerField(default=0)
@@ -414,7 +413,7 @@ class JobAttempt(models.Model):
     # The preflight check's result: all-reduce bandwidth, DCGM, failed nodes.
     preflight = models.JSONField(default=dict, blank=True)
     # Where the gang landed: the pool's topology label and the nodes per
-    # value of it (jobs/placement.py).
+    # value of it (jobs/admission/placement.py).
     placement = models.JSONField(default=dict, blank=True)
     # What the provider needs to find this attempt again after a worker restart.
     provider_ref = models.JSONField(default=dict, blank=True)
@@ -478,7 +477,7 @@ class JobAttempt(models.Model):
         adopting those ranks, and the token they hold must still be accepted
         (tests/e2e/test_worker_crash_e2e.py). It carries the ids its HMAC
         covers, so the worker endpoints check it without a read
-        (jobs/worker_tokens.py)."""
+        (jobs/worker_api/tokens.py)."""
         raw = worker_tokens.make(self.pk, self.job_id, self.number)
         self.token_hash = hash_token(raw)
         JobAttempt.objects.filter(pk=self.pk).update(token_hash=self.token_hash)
@@ -534,7 +533,7 @@ class JobAttempt(models.Model):
     def note_stop_by_control_plane(self, now=None) -> None:
         """The control plane itself is stopping this attempt (Ctrl-C of
         `make run`): its ranks' exit 83 is then a stop from outside the job,
-        never charged to its budget (jobs/budgets.py). Also carried to the
+        never charged to its budget (jobs/reconcile/budgets.py). Also carried to the
         trainer as the `stop` directive."""
         JobAttempt.objects.filter(pk=self.pk, stop_requested_at__isnull=True).update(
             stop_requested_at=now or timezone.now())
@@ -551,7 +550,7 @@ def directives(checkpoint_request_id: str, stop_requested_at, checkpoint_policy:
                profile_steps=None) -> dict:
     """What a heartbeat reply tells the trainer (docs/trainer-protocol.md),
     from the columns it depends on: the heartbeat reads them in its own
-    write instead of loading the rows (jobs/heartbeats.py)."""
+    write instead of loading the rows (jobs/worker_api/heartbeats.py)."""
     return {
         "checkpoint_request": checkpoint_request_id or None,
         "stop": stop_requested_at is not None,
@@ -658,12 +657,12 @@ class MetricPoint(models.Model):
     job's metric by rank and step (the charts, rank 0 speaking for the job),
     the newest step, a step range. Its attempt makes a point unique, so a
     retried batch stores nothing twice (the job is the attempt's: the worker
-    token's HMAC covers both, jobs/worker_tokens.py). Every point written
+    token's HMAC covers both, jobs/worker_api/tokens.py). Every point written
     maintains every index and constraint, on the hottest insert of the
     control plane, so there is no surrogate id and no foreign-key
     constraint (each a trigger and a row lock per point): that the attempt
     exists is checked once a statement, under a lock its deletion waits for
-    (jobs/ingest.py, jobs/receivers.py, which deletes an attempt's points).
+    (jobs/metrics/ingest.py, jobs/receivers.py, which deletes an attempt's points).
     """
 
     pk = models.CompositePrimaryKey("job_id", "name", "rank", "step", "attempt_id")
@@ -694,7 +693,7 @@ class MetricName(models.Model):
 class MetricRollup(models.Model):
     """Aggregates of one attempt's points of one metric over a bucket of
     `level` steps (bucket = step // level), kept on ingest from exactly the
-    points that were new (jobs/rollups.py), so a long series is charted from
+    points that were new (jobs/metrics/rollups.py), so a long series is charted from
     a few thousand buckets instead of a million points. `rank0` splits rank
     0's points from the other ranks': a chart shows rank 0's alone when it
     reported the metric."""
@@ -733,7 +732,7 @@ class GoodputEntry(models.Model):
         # Work a preempted gang lost because it could not checkpoint in time.
         PREEMPTION = "preemption", "Work lost to preemption"
         # An eval run's GPU time, whatever it was spent on: kept apart from
-        # training's productive and lost time (jobs/evals.py).
+        # training's productive and lost time (jobs/evals/).
         EVAL = "eval", "Evaluation runs"
 
     job = models.ForeignKey(TrainingJob, on_delete=models.CASCADE, related_name="goodput")

@@ -12,7 +12,7 @@ def delete_attempt_points(sender, instance, using, **kwargs):
 
     Metric points carry no foreign key (jobs.models.MetricPoint): a batch's
     statement locks its attempts FOR KEY SHARE and writes only where the row
-    is there (jobs/ingest.py). Locking the attempt FOR UPDATE first waits
+    is there (jobs/metrics/ingest.py). Locking the attempt FOR UPDATE first waits
     for a batch in flight to commit, and then its points are deleted with
     the rest (each statement of the deleting transaction sees what committed
     before it); a later batch waits for the deletion and finds the attempt

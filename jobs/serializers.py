@@ -6,7 +6,9 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from . import budgets
+from jobs.admission import quota_usage
+from jobs.reconcile import budgets
+
 from .models import (
     AttemptNode,
     FailureClass,
@@ -19,7 +21,6 @@ from .models import (
     Team,
     TrainingJob,
 )
-from .scheduling import quota_usage
 
 SPEC_FIELDS = (
     "name", "image", "entrypoint", "args", "env", "completion", "num_nodes", "gpus_per_node",
@@ -48,7 +49,7 @@ class JobSerializer(serializers.ModelSerializer):
     world_size = serializers.IntegerField(read_only=True)
     url = serializers.SerializerMethodField()
     restarts = serializers.SerializerMethodField()
-    # The spec's eval block as it was given (jobs/evals.py); an eval run's
+    # The spec's eval block as it was given (jobs/evals/); an eval run's
     # parent job and the checkpoint step it evaluates.
     eval = serializers.JSONField(source="eval_policy", read_only=True)
     parent = serializers.IntegerField(source="parent_id", read_only=True, allow_null=True)

@@ -8,8 +8,8 @@ from accounts.permissions import actor_for, is_operator
 from checkpoints.confinement import default_storage_uri
 from checkpoints.models import Checkpoint
 from controlplane.lib.tasks import RECONCILE_JOB, enqueue_on_commit
+from jobs import admission
 
-from . import scheduling
 from .models import TrainingJob
 
 
@@ -53,5 +53,5 @@ def rerun_job(job: TrainingJob, from_step: int, user) -> None:
     carries the reason that pass leaves (jobs/reconcile)."""
     with transaction.atomic():
         job.rerun(from_step, actor_for(user))
-        scheduling.request_admission(job.cluster_id)
+        admission.request_admission(job.cluster_id)
         enqueue_on_commit(RECONCILE_JOB, job.pk)

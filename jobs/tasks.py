@@ -1,4 +1,4 @@
-"""Thin Celery wrappers: ids in, logic in jobs.reconcile, jobs.scheduling
+"""Thin Celery wrappers: ids in, logic in jobs.reconcile, jobs.admission
 and jobs.checkpointing."""
 
 from celery import shared_task
@@ -7,8 +7,8 @@ from django.utils import timezone
 from clusters.models import Cluster
 from controlplane.lib import locks
 from controlplane.lib.tasks import requeue
+from jobs import admission, checkpointing, reconcile
 
-from . import checkpointing, reconcile, scheduling
 from .models import Phase, TrainingJob
 
 
@@ -40,7 +40,7 @@ def admit_cluster(cluster_id: int) -> None:
     sees what they would have seen."""
     with locks.hold(f"admission:{cluster_id}") as acquired:
         if acquired:
-            scheduling.admit(cluster_id, timezone.now())
+            admission.admit(cluster_id, timezone.now())
 
 
 @shared_task(acks_late=True, ignore_result=True)

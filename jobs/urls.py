@@ -1,25 +1,25 @@
 from django.urls import path
 
-from .views import (
+from jobs.evals import views as evals
+from jobs.goodput import views as goodput
+from jobs.metrics.views import compare
+from jobs.metrics.views import series as job_metrics
+from jobs.profiling import views as profiles
+from jobs.views import (
     checkpoints,
-    compare,
     downloads,
-    evals,
-    goodput,
     job_actions,
     job_detail,
     job_list,
-    job_metrics,
     job_timeline,
-    profiles,
     quotas,
     teams,
-    worker_checkpoints,
-    worker_events,
-    worker_heartbeat,
-    worker_metrics,
-    worker_profiles,
 )
+from jobs.worker_api.views import checkpoints as worker_checkpoints
+from jobs.worker_api.views import events as worker_events
+from jobs.worker_api.views import heartbeat as worker_heartbeat
+from jobs.worker_api.views import metrics as worker_metrics
+from jobs.worker_api.views import profiles as worker_profiles
 
 app_name = "jobs"
 

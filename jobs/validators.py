@@ -43,7 +43,7 @@ BUDGET_KEYS = tuple(FailureClass.values)
 
 
 class EvalSpecValidator(StrictSerializer):
-    """The spec's `eval` block (jobs/evals.py, docs/evaluation.md): which
+    """The spec's `eval` block (jobs/evals/, docs/evaluation.md): which
     checkpoints get an eval run, where it runs, and what it runs."""
 
     every_n_checkpoints = StrictIntegerField(required=False, min_value=1, max_value=10_000)

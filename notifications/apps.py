@@ -8,4 +8,6 @@ class NotificationsConfig(AppConfig):
     def ready(self):
         # Jobs never import notifications: the timeline's events reach the
         # webhooks through a post_save receiver connected here.
-        from . import receivers, tasks  # noqa: F401
+        from . import delivery, receivers, tasks  # noqa: F401  (receivers: connects them)
+
+        delivery.DELIVER.provide(tasks.deliver_webhook)

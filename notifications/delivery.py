@@ -25,7 +25,7 @@ import requests
 from django.conf import settings
 from django.db import transaction
 
-from controlplane.lib.tasks import enqueue_on_commit
+from controlplane.lib.tasks import Port, enqueue_on_commit
 from jobs.models import JobEvent
 
 from . import payloads, signing, targets
@@ -34,7 +34,9 @@ from .models import Delivery, Webhook
 
 log = logging.getLogger(__name__)
 
-DELIVER = "notifications.tasks.deliver_webhook"
+# The delivery task, provided by NotificationsConfig.ready (tasks.py imports
+# this module).
+DELIVER = Port("deliver a webhook")
 # Each later wait is this many times the one before, up to MAX_WAIT_S.
 BACKOFF_FACTOR = 4
 MAX_WAIT_S = 12 * 3600

@@ -53,7 +53,7 @@ def _budget_spent(event: JobEvent) -> bool:
 
 
 def _preempted(event: JobEvent) -> bool:
-    # "Preempted": evicted for another gang (jobs/reconcile/evict.py);
+    # "Preempted": evicted for another gang (jobs/reconcile/preemption.py);
     # "Restarting" of class preempted: a spot notice or drain took the nodes
     # (jobs/reconcile/failures.py).
     if event.kind == "Preempted":

@@ -20,10 +20,10 @@ from checkpoints.models import Checkpoint
 from clusters.models import Cluster, Node, NodePool
 from clusters.providers import pool_info
 from clusters.reconcile import reconcile_cluster
+from jobs.admission import admit
 from jobs.checkpointing import job_checkpoint_uri
 from jobs.models import JobAttempt, Quota, RankStatus, Team, TrainingJob
 from jobs.reconcile import reconcile_job
-from jobs.scheduling import admit
 from tests.support import memory_provider as memory
 
 

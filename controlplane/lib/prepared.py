@@ -1,7 +1,7 @@
 """Statements that PostgreSQL plans once a connection.
 
 For the statements every rank sends every few seconds (a metric batch,
-jobs/ingest.py; a heartbeat, jobs/heartbeats.py): planning either cost
+jobs/metrics/ingest.py; a heartbeat, jobs/worker_api/heartbeats.py): planning either cost
 PostgreSQL about as much as running it for a batch of 10 points.
 
 Django turns psycopg's preparing off for every connection (its default

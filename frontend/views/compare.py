@@ -2,7 +2,7 @@
 
 The URL is the whole state, so it can be shared: a picker's form (repeated
 `jobs=`) is redirected to the one comma-separated spelling. The data are
-jobs.compare's, the same as `GET /api/v1/jobs/compare/`."""
+jobs.metrics.compare's, the same as `GET /api/v1/jobs/compare/`."""
 
 import json
 
@@ -13,8 +13,8 @@ from django.urls import reverse
 from django.utils.http import urlencode
 
 from frontend import scoping
-from jobs import compare
-from jobs.series import DEFAULT_POINTS
+from jobs.metrics import compare
+from jobs.metrics.series import DEFAULT_POINTS
 
 PICKER_JOBS = 50
 MAX_METRIC = 64

@@ -6,8 +6,9 @@ from django.utils import timezone
 
 from clusters.models import Cluster
 from frontend import charts, jobdetail, profiles, scoping
-from jobs import budgets, services
+from jobs import services
 from jobs.models import Phase
+from jobs.reconcile import budgets
 
 from . import live
 

@@ -1,4 +1,4 @@
-"""Metric names and rollups, kept on ingest (jobs/ingest.py, jobs/rollups.py),
+"""Metric names and rollups, kept on ingest (jobs/metrics/ingest.py, jobs/metrics/rollups.py),
 built here for the points already stored: one INSERT ... SELECT per level,
 in SQL, so a table of ten million points is rolled up without passing
 through Python."""
@@ -6,7 +6,7 @@ through Python."""
 import django.db.models.deletion
 from django.db import migrations, models
 
-from jobs import rollups
+from jobs.metrics import rollups
 
 
 def backfill(apps, schema_editor):

@@ -20,10 +20,10 @@ from django.utils import timezone
 
 from controlplane.lib import runner
 from controlplane.lib.reconcile import Result
+from jobs import admission, checkpoint_interval, evals, goodput
+from jobs.reconcile import drain, failures, finish, launch, preemption, waiting
 
-from .. import checkpoint_interval, evals, goodput, scheduling
 from ..models import NO_HEARTBEATS, JobAttempt, Phase, RankStatus, TrainingJob
-from . import evict, failures, finish, launch, preempt, waiting
 from .common import Ctx
 from .detect import ALL_REPORTING, Failure, detect
 
@@ -124,9 +124,9 @@ def _step(ctx: Ctx) -> Result:
     if job.phase == Phase.PENDING:
         job.transition(Phase.QUEUED, reason="Queued", now=ctx.now,
                        message=f"waiting for {job.world_size} GPUs on {ctx.cluster.name}")
-        scheduling.request_admission(job.cluster_id)
+        admission.request_admission(job.cluster_id)
     if job.phase == Phase.QUEUED:
-        # Admission is the cluster's pass (scheduling.py); a queued job only
+        # Admission is the cluster's pass (jobs/admission/); a queued job only
         # carries the reason that pass left it.
         return Result.after(ctx.config.queue_interval_s, job.pending_reason)
     if job.phase in (Phase.ADMITTED, Phase.RESTARTING):
@@ -135,8 +135,8 @@ def _step(ctx: Ctx) -> Result:
         if job.phase == Phase.QUEUED:
             # Back in the queue (no nodes at launch, a failed preflight) with
             # the launch's reason; the place it takes in the queue goes with it.
-            scheduling.note_position(job)
-            scheduling.request_admission(job.cluster_id)
+            admission.note_position(job)
+            admission.request_admission(job.cluster_id)
         return result
     if job.phase in (Phase.STARTING, Phase.RUNNING):
         return _watch(ctx)
@@ -157,7 +157,7 @@ def _watch(ctx: Ctx) -> Result:
     _progress(ctx, attempt, status)
     # Before detect: a victim's exit 83 after its checkpoint is what it was
     # asked for, not a failure.
-    evicted = evict.check(ctx, attempt, status)
+    evicted = preemption.check(ctx, attempt, status)
     if evicted is not None:
         return evicted
     if _person_asked_restart(ctx, attempt):
@@ -166,7 +166,7 @@ def _watch(ctx: Ctx) -> Result:
     if found.waits:
         # A drain or a spot notice on its nodes is acted on even before the
         # gang starts (its wait for a checkpoint is bounded).
-        result = preempt.check(ctx, attempt)
+        result = drain.check(ctx, attempt)
         if result is not None:
             return _relaunch_now(ctx, result)
         return waiting.note(ctx, attempt, found.waits)
@@ -180,7 +180,7 @@ def _watch(ctx: Ctx) -> Result:
     if status.state == "unknown":
         return failures.handle(ctx, attempt, Failure(
             "transient", f"the provider lost the attempt: {status.message}", replace=False))
-    result = preempt.check(ctx, attempt)
+    result = drain.check(ctx, attempt)
     if result is not None:
         return _relaunch_now(ctx, result)
     checkpoint_interval.refresh(job)

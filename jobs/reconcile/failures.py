@@ -9,8 +9,9 @@ from checkpoints.models import Checkpoint
 from clusters.models import Node, NodeHealthEvent
 from clusters.reconcile.replacement import take_out
 from controlplane.lib.reconcile import Result
+from jobs import admission, goodput
+from jobs.reconcile import budgets
 
-from .. import budgets, goodput, scheduling
 from ..models import AttemptNode, FailureClass, JobAttempt, Phase
 from .common import Ctx
 from .detect import Failure, health_evidence
@@ -158,7 +159,7 @@ def _fail(ctx: Ctx, attempt: JobAttempt, failure: Failure, counts: dict,
     job.record("NodesReleased", "the job's nodes are free", attempt=attempt, now=now,
                evidence={"nodes": list(attempt.placements.values_list("node__name",
                                                                       flat=True))})
-    scheduling.request_admission(ctx.cluster.id)
+    admission.request_admission(ctx.cluster.id)
     return Result.done("failed")
 
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 from checkpoints.export import export_final
 from checkpoints.models import Checkpoint
 from controlplane.lib.reconcile import Result
+from jobs import admission, evals, goodput
 
-from .. import evals, goodput, scheduling
 from ..checkpointing import newest_verified, open_job_storage
 from ..models import FailureClass, JobAttempt, JobEvent, Phase, TrainingJob
 from .common import Ctx
@@ -29,7 +29,7 @@ def _release(ctx: Ctx, attempt: JobAttempt | None) -> None:
     nodes = list(attempt.placements.values_list("node__name", flat=True)) if attempt else []
     ctx.job.record("NodesReleased", "the job's nodes are free" if nodes else "no nodes held",
                    attempt=attempt, now=ctx.now, evidence={"nodes": nodes})
-    scheduling.request_admission(ctx.cluster.id)
+    admission.request_admission(ctx.cluster.id)
 
 
 def final_step(job, attempt: JobAttempt) -> int:
@@ -80,7 +80,7 @@ def succeed(ctx: Ctx, attempt: JobAttempt) -> Result:
 
 def _succeed_eval(ctx: Ctx, attempt: JobAttempt) -> Result:
     """An eval run's ranks exited 0: what it reported at its step is kept
-    on the run, where its parent's chart reads it (jobs/evals.py)."""
+    on the run, where its parent's chart reads it (jobs/evals/)."""
     job, now = ctx.job, ctx.now
     result = evals.result_of(job, attempt)
     if attempt.end(JobAttempt.State.SUCCEEDED, now, exit_code=0):

@@ -22,11 +22,11 @@ from clusters.providers import LaunchRequest, Placement, PreflightResult
 from clusters.reconcile.replacement import cordon_with_evidence, promote_spare
 from controlplane.lib import locks
 from controlplane.lib.reconcile import Result
+from jobs import evals, signals
+from jobs.admission import busy_node_ids, placement, request_admission
 
-from .. import evals, placement, signals
 from ..checkpointing import abandon_branch, job_checkpoint_uri, newest_verified
 from ..models import AttemptNode, JobAttempt, Phase, TrainingJob
-from ..scheduling import busy_node_ids, request_admission
 from .common import Ctx
 
 MAX_PREFLIGHT_ROUNDS = 3
@@ -67,7 +67,7 @@ def _source_gone(ctx: Ctx) -> Result:
 
 def free_nodes(ctx: Ctx, prefer=()) -> list[Node]:
     """Free working nodes of the job's pool, in the order its gang takes
-    them (jobs/placement.py)."""
+    them (jobs/admission/placement.py)."""
     busy = busy_node_ids(ctx.cluster.id)
     nodes = [
         n for n in Node.objects.filter(pool=ctx.pool, state=Node.State.READY, is_spare=False)
@@ -87,7 +87,7 @@ def _create_attempt(ctx: Ctx) -> JobAttempt | None:
         prefer += list(Node.objects.filter(replaces_id__in=prefer).values_list("id", flat=True))
     with transaction.atomic():
         # The cluster row serialises node picking: two jobs never take one node.
-        # No key update, as admission takes it (jobs/scheduling.py): foreign
+        # No key update, as admission takes it (jobs/admission/): foreign
         # keys to the cluster are not blocked.
         Cluster.objects.select_for_update(no_key=True).get(pk=ctx.cluster.pk)
         nodes = free_nodes(ctx, prefer)[: job.num_nodes]

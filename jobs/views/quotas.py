@@ -6,9 +6,9 @@ from rest_framework import generics, status
 from rest_framework.response import Response
 
 from accounts.permissions import IsPerson, ReadOrAdmin, is_operator
+from jobs.admission import quota_usage, request_admission
 
 from ..models import Quota
-from ..scheduling import quota_usage, request_admission
 from ..serializers import QuotaSerializer
 from ..validators import QuotaValidator
 from ..visibility import visible_teams

@@ -1,8 +1,8 @@
 from rest_framework import generics
 
 from accounts.permissions import IsPerson
+from jobs.admission import quota_usage
 
-from ..scheduling import quota_usage
 from ..serializers import TeamSerializer
 from ..visibility import visible_teams
 

@@ -6,7 +6,7 @@ import json
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from jobs import ingest
+from jobs.metrics import ingest
 from tests.frontend.factories import make_job, run
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True),

@@ -9,9 +9,9 @@ from clusters.providers import pool_info
 from clusters.reconcile import due_cluster_ids, reconcile_cluster
 from clusters.reconcile.replacement import replace_node, take_out
 from controlplane.lib.errors import TemporaryError
+from jobs.admission import admit
 from jobs.models import Phase
 from jobs.reconcile import reconcile_job
-from jobs.scheduling import admit
 from tests.fleet_helpers import (
     heartbeat,
     later,

@@ -15,9 +15,9 @@ from clusters.models import Cluster
 from clusters.reconcile import reconcile_cluster_locked
 from controlplane.lib.errors import PermanentError, TemporaryError
 from controlplane.lib.runner import BACKOFF_BASE_S, PERMANENT_RECHECK_S
+from jobs.admission import admit
 from jobs.models import Phase
 from jobs.reconcile import reconcile_job, reconcile_job_locked
-from jobs.scheduling import admit
 from tests.fleet_helpers import memory_cluster, submit, team_with_quota
 from tests.support import memory_provider
 

@@ -8,8 +8,8 @@ import pytest
 from clusters.models import NodePool
 from clusters.reconcile import reconcile_cluster
 from jobs import tasks
+from jobs.metrics.series import series
 from jobs.models import JobAttempt, Phase, Quota, Team, TrainingJob
-from jobs.series import series
 
 from .conftest import TRAINER
 

@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from checkpoints.models import Checkpoint
 from clusters.models import Node, NodeHealthEvent
-from jobs import ingest
+from jobs.metrics import ingest
 from jobs.models import (
     AttemptNode,
     GoodputEntry,
@@ -48,7 +48,7 @@ def run(job: TrainingJob, nodes, *, number=1, resume_step=None, state="running",
 
 
 def metrics(job, attempt, name, steps, value=lambda s: 4.0 / (1 + s / 50)):
-    """Points stored as the worker endpoint stores them (jobs/ingest.py),
+    """Points stored as the worker endpoint stores them (jobs/metrics/ingest.py),
     with the names table and the rollups the charts read."""
     now = timezone.now().timestamp()
     rows = [(0, name, s, value(s), now) for s in steps]

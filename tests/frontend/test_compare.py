@@ -6,8 +6,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from jobs import ingest
-from jobs.compare import MAX_JOBS
+from jobs.metrics import ingest
+from jobs.metrics.compare import MAX_JOBS
 
 from .browser import shot
 from .factories import make_job, run

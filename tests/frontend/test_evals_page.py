@@ -1,5 +1,5 @@
 """The job page's Evaluations section and the job list's eval runs
-(jobs/evals.py): what the eval runs reported, shown with the parent."""
+(jobs/evals/): what the eval runs reported, shown with the parent."""
 
 from jobs.models import Phase, TrainingJob
 

@@ -73,7 +73,7 @@ def test_a_poll_costs_the_same_queries_for_a_long_job_as_for_a_new_one(
     client = web(owner)
     nodes = list(cluster.nodes.filter(is_spare=False))
 
-    # The tables only: the chart series are jobs.series' to bound, and the
+    # The tables only: the chart series are jobs.metrics.series' to bound, and the
     # page asks for them on fewer polls once a job's series are long.
     def queries_for(job):
         with CaptureQueriesContext(connection) as ctx:

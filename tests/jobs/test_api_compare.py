@@ -7,8 +7,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from jobs import ingest
-from jobs.compare import MAX_JOBS
+from jobs.metrics import ingest
+from jobs.metrics.compare import MAX_JOBS
 from tests.api_factories import make_attempt, make_job
 from tests.conftest import client_for
 
@@ -171,7 +171,7 @@ def test_queries_grow_with_the_jobs_compared_never_with_their_points(owner, team
 
     two_short, two_long, four_short = cost(short[:2]), cost(long), cost(short)
     per_job = (four_short - two_short) / 2
-    # One of them per metric reads the job's eval runs' points (jobs/evals.py).
+    # One of them per metric reads the job's eval runs' points (jobs/evals/).
     assert per_job <= (13 if x == "time" else 8), per_job
     # A long series is read from its rollups in fewer queries than a short
     # one's raw points: its length never adds any.

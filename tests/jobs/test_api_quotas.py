@@ -3,8 +3,8 @@
 import pytest
 
 from clusters.models import Cluster
+from jobs.admission import quota_usage
 from jobs.models import Quota, Team, TrainingJob
-from jobs.scheduling import quota_usage
 from tests.api_factories import make_job
 
 

@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 import pytest
 
 from clusters.models import Node
-from jobs import ingest
+from jobs.metrics import ingest
 from jobs.models import AttemptNode, GoodputEntry, JobAttempt, RankStatus
 from tests.api_factories import make_attempt, make_checkpoint, make_job
 

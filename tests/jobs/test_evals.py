@@ -1,4 +1,4 @@
-"""Eval runs on spare capacity (jobs/evals.py): the spec's eval block, one
+"""Eval runs on spare capacity (jobs/evals/): the spec's eval block, one
 run per picked checkpoint however often reconcile runs, admission below
 every training job, preemption by training without touching it, results on
 the parent's chart and timeline, retention and the goodput ledger."""
@@ -12,12 +12,12 @@ from clusters.models import NodePool
 from clusters.providers import pool_info
 from clusters.reconcile import reconcile_cluster
 from jobs import evals
+from jobs.admission import admit
+from jobs.admission.sharing import EVICTING
 from jobs.checkpointing import protected_steps
+from jobs.metrics.series import series
 from jobs.models import EVAL_PRIORITY, JobAttempt, Phase, TrainingJob
 from jobs.reconcile import reconcile_job
-from jobs.scheduling import admit
-from jobs.series import series
-from jobs.sharing import EVICTING
 from tests.api_factories import worker_client
 from tests.fleet_helpers import (
     heartbeat,

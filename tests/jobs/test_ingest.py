@@ -1,6 +1,6 @@
-"""Metric ingestion (jobs/ingest.py), its rollups and names (jobs/rollups.py),
-the series read from them (jobs/series.py), and worker tokens checked with no
-read (jobs/worker_auth.py): over real HTTP handling and the real database
+"""Metric ingestion (jobs/metrics/ingest.py), its rollups and names (jobs/metrics/rollups.py),
+the series read from them (jobs/metrics/series.py), and worker tokens checked with no
+read (jobs/worker_api/auth.py): over real HTTP handling and the real database
 (PostgreSQL when DATABASE_URL is set, else SQLite)."""
 
 from collections import defaultdict
@@ -9,9 +9,9 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from jobs import ingest, rollups
+from jobs.metrics import ingest, rollups
+from jobs.metrics.series import series
 from jobs.models import JobAttempt, MetricName, MetricPoint, MetricRollup, RankStatus
-from jobs.series import series
 from tests.api_factories import make_attempt, make_job, worker_client
 
 
@@ -192,7 +192,7 @@ class TestQueryCounts:
         attempt, _ = make_attempt(job)
         store(attempt, [(0, "loss", s, 1.0) for s in range(1, 30_001)])
         # Attempts, the rank-0 probe, the coarse summary, the buckets, and the
-        # points of the job's eval runs (jobs/evals.py).
+        # points of the job's eval runs (jobs/evals/).
         with django_assert_num_queries(5):
             assert series(job.pk, "loss", 300)["total"] == 30_000
         store(attempt, [(0, "loss", s, 1.0) for s in range(30_001, 90_001)])
@@ -229,7 +229,7 @@ class TestTokens:
 
     def test_a_token_in_the_earlier_format_is_still_accepted(self, job):
         from jobs.models import hash_token
-        from jobs.worker_tokens import make
+        from jobs.worker_api.tokens import make
 
         attempt, _ = make_attempt(job)
         mac = make(attempt.pk, job.pk, attempt.number).rsplit("_", 1)[1]

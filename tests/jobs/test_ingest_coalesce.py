@@ -1,5 +1,5 @@
 """Metric batches that arrive together in one process are written together
-(jobs/ingest.py `_Coalescer`): real PostgreSQL, real threads.
+(jobs/metrics/ingest.py `_Coalescer`): real PostgreSQL, real threads.
 
 The tests hold the first batch's statement on a table lock taken from a
 second connection, so the batches sent meanwhile are certain to queue
@@ -15,7 +15,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from jobs import ingest
+from jobs.metrics import ingest
 from jobs.models import MetricPoint, MetricRollup
 from tests.api_factories import make_attempt, make_job
 

@@ -5,7 +5,7 @@ import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from jobs import ingest
+from jobs.metrics import ingest
 from jobs.models import MetricName, MetricRollup
 
 BEFORE = [("jobs", "0006_list_page_indexes")]

@@ -5,7 +5,7 @@ import pytest
 from django.utils import timezone
 
 from clusters.models import Node, NodePool
-from jobs import placement
+from jobs.admission import placement
 from jobs.models import JobAttempt, JobEvent
 from tests.fleet_helpers import launch, memory_cluster, submit, team_with_quota
 

@@ -9,9 +9,9 @@ from django.utils import timezone
 
 from controlplane.lib import locks
 from controlplane.redis_client import get_redis
+from jobs.admission import admit
 from jobs.models import JobAttempt, Phase
 from jobs.reconcile import reconcile_job, reconcile_job_locked
-from jobs.scheduling import admit
 from tests.fleet_helpers import kinds, memory_cluster, provider_of, submit, team_with_quota
 from tests.support.pauses import pause_at
 

@@ -9,9 +9,9 @@ from django.utils import timezone
 
 from clusters.models import Node
 from clusters.reconcile import reconcile_cluster
+from jobs.admission import admit
 from jobs.models import Phase, Quota
 from jobs.reconcile import reconcile_job
-from jobs.scheduling import admit
 from tests.fleet_helpers import (
     heartbeat,
     later,

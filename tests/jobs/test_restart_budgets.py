@@ -1,4 +1,4 @@
-"""Restart budgets that forgive the fleet (jobs/budgets.py): node faults are
+"""Restart budgets that forgive the fleet (jobs/reconcile/budgets.py): node faults are
 charged to the nodes, a window of progress forgives old failures, and an
 ended job runs again from a chosen checkpoint. In-memory provider, real
 PostgreSQL."""
@@ -10,10 +10,10 @@ from checkpoints.export import export_final
 from checkpoints.models import Checkpoint, ModelArtifact
 from clusters.models import Node
 from clusters.reconcile import reconcile_cluster
+from jobs.admission import admit
 from jobs.checkpointing import open_job_storage
 from jobs.models import JobEvent, Phase
 from jobs.reconcile import reconcile_job
-from jobs.scheduling import admit
 from jobs.services import rerun_job
 from tests.fleet_helpers import (
     heartbeat,

@@ -4,8 +4,8 @@ import pytest
 from django.utils import timezone
 
 from clusters.models import Node
+from jobs.admission import admit
 from jobs.models import JobEvent, Phase, Team
-from jobs.scheduling import admit
 from tests.fleet_helpers import later, memory_cluster, submit, team_with_quota
 
 pytestmark = pytest.mark.usefixtures("fleet_dirs")

@@ -8,8 +8,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from jobs.admission import admit
 from jobs.models import Phase, TrainingJob
-from jobs.scheduling import admit
 from tests.fleet_helpers import memory_cluster, submit, team_with_quota
 
 

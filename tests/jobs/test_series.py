@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from jobs.series import lttb
+from jobs.metrics.series import lttb
 
 
 def test_it_keeps_short_series_whole():
@@ -56,14 +56,14 @@ def _job_with_attempts(team, cluster, resume_steps):
 def _points(job, attempt, steps, value, now, rank=0):
     # Through the ingest path, as the worker endpoint stores them (the
     # rollups a long series is read from are kept there).
-    from jobs import ingest
+    from jobs.metrics import ingest
 
     rows = [(rank, "loss", s, value(s), now.timestamp()) for s in steps]
     ingest.store(job.pk, attempt.pk, rows, received=len(rows))
 
 
 def test_after_a_rollback_the_newest_attempt_wins_the_replayed_steps(db, team, cluster):
-    from jobs.series import series
+    from jobs.metrics.series import series
 
     job, (first, second), now = _job_with_attempts(team, cluster, [None, 30])
     _points(job, first, range(1, 51), lambda s: 1.0, now)  # got to 50, fell back to 30
@@ -76,7 +76,7 @@ def test_after_a_rollback_the_newest_attempt_wins_the_replayed_steps(db, team, c
 
 
 def test_a_fresh_restart_hides_every_point_of_the_attempts_before_it(db, team, cluster):
-    from jobs.series import series
+    from jobs.metrics.series import series
 
     job, (first, second, third), now = _job_with_attempts(team, cluster, [None, 20, None])
     _points(job, first, range(1, 31), lambda s: 1.0, now)
@@ -89,7 +89,7 @@ def test_a_fresh_restart_hides_every_point_of_the_attempts_before_it(db, team, c
 def test_the_queries_of_a_series_do_not_grow_with_the_attempts(
     db, team, cluster, django_assert_max_num_queries
 ):
-    from jobs.series import series
+    from jobs.metrics.series import series
 
     def queries_for(resume_steps):
         job, attempts, now = _job_with_attempts(team, cluster, resume_steps)
@@ -106,7 +106,7 @@ def test_the_queries_of_a_series_do_not_grow_with_the_attempts(
 
 
 def test_a_long_series_is_bucketed_in_the_database_and_keeps_its_spike(db, team, cluster):
-    from jobs.series import EXACT_LIMIT, series
+    from jobs.metrics.series import EXACT_LIMIT, series
 
     job, (attempt,), now = _job_with_attempts(team, cluster, [None])
     total = EXACT_LIMIT * 3

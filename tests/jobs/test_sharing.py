@@ -5,10 +5,10 @@ import pytest
 from django.utils import timezone
 
 from clusters.models import Node
+from jobs.admission import admit, quota_usage
+from jobs.admission.sharing import EVICTING, NOMINATED
 from jobs.models import GoodputEntry, JobAttempt, JobEvent, Phase, Quota
 from jobs.reconcile import reconcile_job
-from jobs.scheduling import admit, quota_usage
-from jobs.sharing import EVICTING, NOMINATED
 from tests.fleet_helpers import (
     heartbeat,
     later,

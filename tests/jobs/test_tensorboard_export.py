@@ -4,7 +4,7 @@ TensorBoard event file, read back with TensorBoard's own reader."""
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from jobs import ingest
+from jobs.metrics import ingest
 from jobs.models import JobAttempt
 from tests.api_factories import make_attempt, make_job
 from tests.conftest import client_for

@@ -141,7 +141,7 @@ class TestMetrics:
     def test_two_copies_racing_count_each_point_as_new_once(self, attempt):
         from django.db import connection, transaction
 
-        from jobs import ingest
+        from jobs.metrics import ingest
 
         attempt, token = attempt
         body = self.batch(n=50)

@@ -1,4 +1,4 @@
-"""The worker fast path (jobs/views/worker_fast.py) as the WSGI server calls it:
+"""The worker fast path (jobs/worker_api/views/fast.py) as the WSGI server calls it:
 `controlplane.wsgi.application`, not Django's test client (which enters
 below it). A plain success is answered by the fast path; every other
 request must reach the full stack with its body intact and get exactly the
@@ -23,7 +23,7 @@ from regatta.reporting import Reporter
 from accounts.models import ApiToken
 from controlplane.wsgi import application, django_application
 from jobs.models import JobAttempt, MetricPoint, RankStatus
-from jobs.views.worker_fast import WorkerFastPath
+from jobs.worker_api.views.fast import WorkerFastPath
 from tests.api_factories import make_attempt, make_job
 
 
@@ -112,7 +112,7 @@ class TestPlainSuccessIsAnsweredAhead:
         assert (status, reply) == (200, {"stored": 3, "duplicates": 0})
         assert full.bodies == []
         # PostgreSQL: the attempt's check, points, rollups and names in one
-        # statement; SQLite runs them one by one (jobs/ingest.py), in a
+        # statement; SQLite runs them one by one (jobs/metrics/ingest.py), in a
         # savepoint here.
         writes = [q for q in queries.captured_queries
                   if not q["sql"].startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))]

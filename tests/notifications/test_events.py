@@ -8,9 +8,9 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
+from jobs.admission import admit
 from jobs.models import JobEvent, Phase
 from jobs.reconcile import reconcile_job
-from jobs.scheduling import admit
 from notifications.events import SUBSCRIBABLE, types_for
 from notifications.models import Delivery, Webhook
 from tests.fleet_helpers import (

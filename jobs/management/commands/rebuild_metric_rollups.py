@@ -6,7 +6,7 @@ for points written around the ingest path (a restore, a hand-made import)."""
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
-from jobs import rollups
+from jobs.metrics import rollups
 
 
 class Command(BaseCommand):

@@ -1,0 +1,2 @@
+"""A job's metrics: ingest, rollups, series for charts, comparison and
+TensorBoard export."""

@@ -1,0 +1,1 @@
+"""The metrics API: series, names, comparison and TensorBoard export."""

@@ -1,0 +1,1 @@
+"""The worker endpoints (docs/trainer-protocol.md)."""

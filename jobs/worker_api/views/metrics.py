@@ -1,0 +1,78 @@
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+
+from controlplane.lib import telemetry
+from jobs.metrics import ingest
+from jobs.worker_api.views import schema as worker_schema
+from jobs.worker_api.views.base import Fields, WorkerView
+
+MAX_BATCH = ingest.MAX_BATCH
+MAX_TIME = ingest.MAX_TIME
+POINT_FIELDS = ("rank", "name", "step", "value", "time")
+# A reply names the errors of this many bad points at most.
+MAX_BAD_POINTS = 20
+
+
+class MetricsView(WorkerView):
+    """A batch of metric points. Idempotent: a point is unique per (attempt,
+    rank, name, step), so a retried batch stores nothing twice, and the reply
+    says how many points were new and how many were already stored. The
+    write is one statement (jobs/metrics/ingest.py); the token was checked without a
+    read (jobs/worker_api/auth.py)."""
+
+    @worker_schema.metrics
+    def post(self, request, attempt_id):
+        f = self.fields(("batch_id", "points"))
+        f.str("batch_id", max_length=100)
+        points = f.data.get("points")
+        if not isinstance(points, list):
+            f.errors["points"] = ["A list is required."]
+            f.check()
+        if len(points) > MAX_BATCH:
+            return Response(
+                {"detail": f"At most {MAX_BATCH} points per batch; got {len(points)}."},
+                status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+            )
+        if not all(map(ingest.point_ok, points)):
+            _name_errors(points, f)
+            f.errors = f.errors or {"points": ["A point is malformed."]}
+        f.check()
+        claim = self.claim
+        try:
+            stored = ingest.store(claim.job_id, claim.attempt_id, ingest.rows(points),
+                                  received=len(points))
+        except ingest.AttemptGone:
+            raise exceptions.AuthenticationFailed("Invalid worker token.") from None
+        telemetry.count_soon("metric_points_ingested", stored.new)
+        return Response({"stored": stored.new, "duplicates": stored.duplicates})
+
+
+def _name_errors(points: list, f: Fields) -> None:
+    """The errors of every bad point (up to MAX_BAD_POINTS of them) into `f`:
+    the slow path, taken only once the fast check found a bad one."""
+    bad = 0
+    for i, point in enumerate(points):
+        if bad >= MAX_BAD_POINTS:
+            break
+        bad += not _check_point(point, f"points[{i}]", f)
+
+
+def _check_point(point, where: str, f: Fields) -> bool:
+    if not isinstance(point, dict):
+        f.errors[where] = ["A JSON object is required."]
+        return False
+    p = Fields(point, prefix=f"{where}.", known=POINT_FIELDS)
+    p.int("rank", maximum=ingest.MAX_RANK)
+    name = p.str("name", required=True, max_length=ingest.MAX_NAME)
+    p.int("step")
+    p.number("value", required=True)
+    when = p.number("time", minimum=0)
+    if when is not None and when > MAX_TIME:
+        p.errors[f"{where}.time"] = [
+            f"Must be a Unix time in seconds between 0 and {MAX_TIME:.0f}."
+        ]
+    if not name and f"{where}.name" not in p.errors:
+        p.errors[f"{where}.name"] = ["Must not be blank."]
+    f.errors.update(p.errors)
+    return not p.errors
+
