@@ -12,3 +12,6 @@ urlpatterns = [
     path("metrics", metrics_view, name="metrics"),
     path("", include("frontend.urls")),
 ]
+
+handler404 = "controlplane.lib.http.page_not_found"
+handler500 = "controlplane.lib.http.server_error"
