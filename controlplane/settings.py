@@ -221,7 +221,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "controlplane.lib.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "controlplane.lib.schema.RegattaAutoSchema",
     "EXCEPTION_HANDLER": "controlplane.lib.api.exception_handler",
     # Guessing passwords and minting tokens are throttled (accounts/throttles.py);
     # the counts live in the cache below, shared by every web process.
