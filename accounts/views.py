@@ -8,6 +8,7 @@ from accounts.permissions import IsPerson, is_operator
 
 from .models import ApiToken
 from .serializers import ApiTokenSerializer, MeSerializer, NewApiTokenSerializer
+from .throttles import TokenCreateThrottle
 from .validators import TokenValidator
 
 
@@ -26,7 +27,10 @@ class TokenListView(generics.ListAPIView):
     def get_queryset(self):
         return own_tokens(self.request.user).order_by("-created_at", "-id")
 
-    @extend_schema(request=TokenValidator, responses={201: NewApiTokenSerializer})
+    def get_throttles(self):
+        return [TokenCreateThrottle()] if self.request.method == "POST" else []
+
+    @extend_schema(request=TokenValidator, responses={201: NewApiTokenSerializer, 429: None})
     def post(self, request):
         body = TokenValidator(data=request.data)
         body.is_valid(raise_exception=True)

@@ -13,8 +13,13 @@ Paths are canonicalised before they are compared (`..` resolved, `//`
 collapsed) and a path that passes through a symlink below the root is
 refused, since the link could point anywhere. S3 keys are literal, so a `.`
 or `..` segment in one is refused rather than resolved. The symlink check
-looks at the filesystem when the job is submitted; a link made later, by
-someone who can write inside the team's folder, is not seen.
+looks at the filesystem when the job is submitted, and again each time the
+control plane opens the storage (`require_real_path`: downloads, resume,
+retention), since a link made later by someone who can write inside the
+team's folder would point the job at another team's checkpoints. Known
+limit: a link swapped in between that check and a file operation a moment
+later is not seen; downloads open each file with O_NOFOLLOW below the folder
+(checkpoints/downloads.py, `open_confined`).
 """
 
 from __future__ import annotations
@@ -101,6 +106,29 @@ def _refuse_symlinks(root: str, path: str) -> None:
         if os.path.islink(current):
             raise OutsideRoots(f"{current} is a symbolic link; give the real folder instead.")
         if not os.path.exists(current):
+            return
+
+
+def require_real_path(uri: str) -> None:
+    """Raises OutsideRoots unless the folder at `uri` (a filesystem path) is
+    really where its name says: its real path is the real path of the
+    deployment root it lies under, followed by the same names, with no
+    symbolic link made below the root since submission. A link at or above
+    the root (a root on a mounted volume) is the operator's and is fine.
+    S3 keys hold no links; a path under no root (a job stored before the
+    roots existed) is left as it is."""
+    if uri.startswith("s3://"):
+        return
+    try:
+        canonical = parse_storage_root(uri)
+    except ValueError as exc:
+        raise OutsideRoots(f"The storage URI {exc}.") from None
+    for root in deployment_roots():
+        if _within(canonical, root, strict=True):
+            expected = os.path.join(os.path.realpath(root), os.path.relpath(canonical, root))
+            if os.path.realpath(canonical) != expected:
+                raise OutsideRoots(f"{canonical} passes through a symbolic link made below "
+                                   f"{root} after the job was submitted; it is not used.")
             return
 
 

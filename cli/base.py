@@ -44,7 +44,7 @@ def json_flag(fn):
             output.api_error(exc, state.as_json)
             sys.exit(EXIT_ERROR)
         except CliError as exc:
-            click.secho(f"Error: {exc}", fg="red", err=True)
+            output.secho(f"Error: {exc}", fg="red", err=True)
             sys.exit(EXIT_ERROR)
 
     return wrapper

@@ -39,10 +39,10 @@ def compare(state: State, job_ids: tuple[int, ...], metric: str | None, show_all
              output.sparkline(j["y"], width=30) if j["y"] else "(no points)"] for j in jobs]
     output.table(rows, ["ID", "NAME", "TEAM", "PHASE", f"LAST {body['metric']}", "AT STEP",
                         "CURVE"])
-    click.echo()
+    output.echo()
     params = body["params"] if show_all else [p for p in body["params"] if p["differs"]]
     if not params:
-        click.echo("Hyperparameters and spec: no differences.")
+        output.echo("Hyperparameters and spec: no differences.")
         return
     output.table([[p["key"], *(_cell(v) for v in p["values"])] for p in params],
                  ["KEY", *(f"#{j['id']}" for j in jobs)])
@@ -62,5 +62,5 @@ def tensorboard(state: State, job_id: int, out: Path):
     if state.as_json:
         output.emit_json({"job": job_id, "file": str(dest), "bytes": size, "sha256": digest})
         return
-    click.echo(f"Wrote {output.size(size)} of job {job_id}'s metrics to {dest}")
-    click.echo(f"View them with: tensorboard --logdir {out.absolute()}")
+    output.echo(f"Wrote {output.size(size)} of job {job_id}'s metrics to {dest}")
+    output.echo(f"View them with: tensorboard --logdir {out.absolute()}")

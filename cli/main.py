@@ -48,8 +48,8 @@ def login(state: State, url: str, token: str):
         return
     teams = ", ".join(me.get("teams") or []) or "no team"
     role = " (operator)" if me.get("is_operator") else ""
-    click.echo(f"Logged in to {url} as {me.get('username')}{role}; teams: {teams}.")
-    click.echo(f"Saved to {state.config_file}")
+    output.echo(f"Logged in to {url} as {me.get('username')}{role}; teams: {teams}.")
+    output.echo(f"Saved to {state.config_file}")
 
 
 def read_spec(path: Path) -> dict:
@@ -100,12 +100,12 @@ def submit(state: State, spec_file: Path):
     same from any directory."""
     spec = read_spec(spec_file)
     for before, after in resolve_entrypoint(spec, spec_file.parent):
-        click.echo(f"entrypoint: {before} -> {after}", err=True)
+        output.echo(f"entrypoint: {before} -> {after}", err=True)
     job = state.client.post("jobs/", spec)
     if state.as_json:
         output.emit_json(job)
         return
-    click.echo(f"Submitted job {job['id']} {job['name']} ({job['phase']}) "
+    output.echo(f"Submitted job {job['id']} {job['name']} ({job['phase']}) "
                f"to {job['cluster']}: {job['num_nodes']}x{job['gpus_per_node']} GPUs")
 
 
@@ -140,7 +140,7 @@ def list_jobs(state: State, team, phase, cluster, limit, offset):
     shown = len(page["results"])
     # Lists that grow carry no `count` unless asked (docs/api.md, "Pagination").
     if page.get("next"):
-        click.echo(f"({shown} shown; --offset {offset + shown} for more)")
+        output.echo(f"({shown} shown; --offset {offset + shown} for more)")
 
 
 @cli.command()
@@ -182,7 +182,7 @@ def show(state: State, job_id: int):
     width = max(len(k) for k, _ in lines)
     for key, value in lines:
         if value:
-            click.echo(f"{key.ljust(width)}  {value}")
+            output.echo(f"{key.ljust(width)}  {value}")
 
 
 def _eval_policy(policy: dict | None) -> str | None:
@@ -256,7 +256,7 @@ def eval_runs(state: State, job_id: int, samples: bool):
     if samples:
         for e in items:
             for s in e.get("samples") or []:
-                click.echo(f"step {e['eval_step']}: {s.get('prompt', '')!r} -> "
+                output.echo(f"step {e['eval_step']}: {s.get('prompt', '')!r} -> "
                            f"{s.get('completion', '')!r}")
 
 
@@ -273,7 +273,7 @@ def profile(state: State, job_id: int, steps: int):
         output.emit_json(asked)
         return
     what = "requested" if asked["created"] else "already under way"
-    click.echo(f"Profile of the next {asked['steps']} steps {what} on attempt "
+    output.echo(f"Profile of the next {asked['steps']} steps {what} on attempt "
                f"{asked['attempt']} (request {asked['request_id']}); fetch the traces with "
                f"`regatta profiles {job_id} --out DIR`.")
 
@@ -295,7 +295,7 @@ def profiles(state: State, job_id: int, request_id: str | None, out: Path | None
             output.emit_json({"job": job_id, "out": str(out.absolute()), "files": done})
             return
         for d in done:
-            click.echo(f"rank {d['rank']}  {output.size(d['bytes'])}  {d['local']}")
+            output.echo(f"rank {d['rank']}  {output.size(d['bytes'])}  {d['local']}")
         return
     if state.as_json:
         output.emit_json(found)
@@ -315,7 +315,7 @@ def cancel(state: State, job_id: int):
     if state.as_json:
         output.emit_json(job)
         return
-    click.echo(f"Cancel requested for job {job['id']} {job['name']} (now {job['phase']}).")
+    output.echo(f"Cancel requested for job {job['id']} {job['name']} (now {job['phase']}).")
 
 
 @cli.command()
@@ -332,7 +332,7 @@ def restart(state: State, job_id: int, from_step: int):
         output.emit_json(job)
         return
     what = "Rerun" if ended else "Restart"
-    click.echo(f"{what} of job {job['id']} {job['name']} from step {from_step} requested "
+    output.echo(f"{what} of job {job['id']} {job['name']} from step {from_step} requested "
                f"(now {job['phase']}); follow it with `regatta watch {job['id']}`.")
 
 
@@ -406,9 +406,9 @@ def goodput(state: State, job_id: int):
     output.table(rows, ["CATEGORY", "TIME", "GPU-HOURS", "SHARE"])
     ratio = report.get("goodput_ratio")
     if ratio is None:
-        click.echo("Goodput: no GPU time recorded yet.")
+        output.echo("Goodput: no GPU time recorded yet.")
     else:
-        click.echo(f"Goodput: {100 * ratio:.1f}% of {total / 3600:.2f} GPU-hours were "
+        output.echo(f"Goodput: {100 * ratio:.1f}% of {total / 3600:.2f} GPU-hours were "
                    "productive training.")
 
 
@@ -431,7 +431,7 @@ def metrics(state: State, job_id: int, names: tuple[str, ...], last: int | None)
             for n, s in series.items()}})
         return
     if not any(s["points"] for s in series.values()):
-        click.echo(f"Job {job_id} has reported no metrics yet.")
+        output.echo(f"Job {job_id} has reported no metrics yet.")
         return
     by_step: dict[int, dict[str, float]] = {}
     for n, s in series.items():
@@ -440,16 +440,16 @@ def metrics(state: State, job_id: int, names: tuple[str, ...], last: int | None)
     steps = sorted(by_step)[-(last or 10):]
     output.table([[step, *(output.number(by_step[step].get(n)) for n in names)]
                   for step in steps], ["STEP", *names])
-    click.echo()
+    output.echo()
     width = max(len(n) for n in names)
     for n in names:
         points = series[n]["points"]
         if not points:
-            click.echo(f"{n.ljust(width)}  (no points)")
+            output.echo(f"{n.ljust(width)}  (no points)")
             continue
         values = [v for _, v in points]
         low = min(points, key=lambda p: p[1])
-        click.echo(f"{n.ljust(width)}  {output.sparkline(values)}  "
+        output.echo(f"{n.ljust(width)}  {output.sparkline(values)}  "
                    f"{output.number(values[0])} -> {output.number(values[-1])}, "
                    f"min {output.number(low[1])} at step {int(low[0])} "
                    f"({series[n]['total']} steps)")
@@ -512,12 +512,12 @@ def download(state: State, artifact_id: int, out: Path | None, only: str | None)
                      "verified": bool(f["sha256"])})
         if not state.as_json:
             check = "sha256 ok" if f["sha256"] else "size ok (no checksum recorded)"
-            click.echo(f"{f['path']}  {output.size(size)}  {check}")
+            output.echo(f"{f['path']}  {output.size(size)}  {check}")
     if state.as_json:
         output.emit_json({"artifact": artifact_id, "name": artifact["name"],
                           "version": artifact["version"], "out": str(out), "files": done})
         return
-    click.echo(f"Downloaded artifact {artifact_id} {artifact['name']} v{artifact['version']} "
+    output.echo(f"Downloaded artifact {artifact_id} {artifact['name']} v{artifact['version']} "
                f"({len(done)} file(s), {output.size(sum(d['bytes'] for d in done))}) to {out}")
 
 

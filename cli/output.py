@@ -4,23 +4,44 @@ errors exactly as the API gave them."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from datetime import UTC, datetime
 
 import click
 
+# C0 controls but tab and newline, DEL and C1 controls: a name or message from
+# the server holding ESC sequences (or a carriage return) could otherwise
+# recolour, rewrite or hide what the terminal shows.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def clean(text: str) -> str:
+    """`text` with its control characters shown escaped (ESC as \\x1b)."""
+    return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], text)
+
+
+def echo(message="", **kwargs) -> None:
+    """click.echo, with control characters in the text escaped."""
+    click.echo(clean(str(message)), **kwargs)
+
+
+def secho(message="", **kwargs) -> None:
+    click.secho(clean(str(message)), **kwargs)
+
 
 def emit_json(data) -> None:
+    # json.dumps writes every control character as an escape already.
     click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
 
 
 def table(rows: list[list], headers: list[str]) -> None:
-    cells = [[("" if c is None else str(c)) for c in row] for row in rows]
+    cells = [[("" if c is None else clean(str(c))) for c in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in cells:
         widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
     line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
-    click.secho(line.rstrip(), bold=True)
+    secho(line.rstrip(), bold=True)
     for row in cells:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
 
@@ -103,11 +124,11 @@ def api_error(exc, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"status": exc.status, "error": exc.body}, indent=2), err=True)
         return
-    click.secho(f"Error: HTTP {exc.status} {exc.reason}".rstrip(), fg="red", err=True)
+    secho(f"Error: HTTP {exc.status} {exc.reason}".rstrip(), fg="red", err=True)
     if exc.body in (None, ""):
         return
     for line in field_messages(exc.body):
-        click.echo(f"  {line}", err=True)
+        echo(f"  {line}", err=True)
 
 
 SPARKS = "▁▂▃▄▅▆▇█"

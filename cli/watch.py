@@ -84,17 +84,17 @@ def watch_job(client: Client, job_id: int, interval: float, as_json: bool) -> in
         else:
             line = render(s)
             if tty:
-                click.echo("\r\033[K" + line, nl=False)
+                click.echo("\r\033[K" + output.clean(line), nl=False)
             elif line != last_line:
-                click.echo(line)
+                output.echo(line)
             last_line = line
         if s["phase"] in TERMINAL:
             if tty:
-                click.echo()
+                output.echo()
             if not as_json:
                 verdict = f"Job {s['id']} {s['name']} {s['phase']} at step {s['step']}."
                 if s["phase"] == "failed" and s["last_error"]:
                     verdict += f" {s['last_error']}"
-                click.secho(verdict, fg="green" if s["phase"] == "succeeded" else "red")
+                output.secho(verdict, fg="green" if s["phase"] == "succeeded" else "red")
             return TERMINAL[s["phase"]]
         time.sleep(interval)

@@ -48,9 +48,9 @@ def add(state: State, team: str, url: str, events: tuple[str, ...], fmt: str,
     if state.as_json:
         output.emit_json(webhook)
         return
-    click.echo(f"Webhook {webhook['id']} added for team {webhook['team']}: "
+    output.echo(f"Webhook {webhook['id']} added for team {webhook['team']}: "
                f"{', '.join(webhook['events'])} → {webhook['url']}")
-    click.echo(f"Signing secret (shown only now): {webhook['secret']}")
+    output.echo(f"Signing secret (shown only now): {webhook['secret']}")
 
 
 @webhooks.command()
@@ -62,7 +62,7 @@ def ping(state: State, webhook_id: int):
     if state.as_json:
         output.emit_json(sent)
         return
-    click.echo(f"Ping queued as delivery {sent['id']}: "
+    output.echo(f"Ping queued as delivery {sent['id']}: "
                f"`regatta webhooks deliveries {webhook_id}` shows how it went.")
 
 
@@ -75,8 +75,8 @@ def rotate_secret(state: State, webhook_id: int):
     if state.as_json:
         output.emit_json(webhook)
         return
-    click.echo(f"New signing secret (shown only now): {webhook['secret']}")
-    click.echo("The old secret keeps signing beside it for 24 hours.")
+    output.echo(f"New signing secret (shown only now): {webhook['secret']}")
+    output.echo("The old secret keeps signing beside it for 24 hours.")
 
 
 @webhooks.command()
@@ -102,7 +102,7 @@ def retry(state: State, delivery_id: int):
     if state.as_json:
         output.emit_json(sent)
         return
-    click.echo(f"Delivery {sent['id']} will be tried again now.")
+    output.echo(f"Delivery {sent['id']} will be tried again now.")
 
 
 @webhooks.command()
@@ -114,4 +114,4 @@ def delete(state: State, webhook_id: int):
     if state.as_json:
         output.emit_json({"deleted": webhook_id})
         return
-    click.echo(f"Webhook {webhook_id} deleted.")
+    output.echo(f"Webhook {webhook_id} deleted.")

@@ -80,6 +80,13 @@ class ClusterSettings:
     preemption_checkpoint_wait_s: float = setting(
         120.0, "wait for a preempted gang's checkpoint and exit before stopping it",
         minimum=0)
+    # -- what a job may change about its ranks (jobs/isolation.py) --------------------
+    env_allow: tuple[str, ...] = setting(
+        (), "environment variables jobs may set although they change a rank's isolation "
+        "(LD_PRELOAD, CUDA_VISIBLE_DEVICES, AWS_*, ...): names, or prefixes ending in *")
+    image_allow: tuple[str, ...] | None = setting(
+        None, "images jobs may name: registries (registry.example.com) or repository "
+        "prefixes (registry.example.com/ml/); default: any image")
     # -- checkpoint storage ----------------------------------------------------------
     storage_roots: tuple[str, ...] | None = setting(
         None, "storage roots jobs on this cluster may use, each under one of "

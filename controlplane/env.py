@@ -80,6 +80,20 @@ def env_choice(name: str, default: str, *, choices: tuple[str, ...]) -> str:
     return by_upper[value.upper()]
 
 
+_RATE = re.compile(r"[1-9][0-9]*/(s|sec|second|m|min|minute|h|hour|d|day)")
+
+
+def env_rate(name: str, default: str) -> str:
+    """A request rate as Django REST Framework's throttles read it: `10/min`."""
+    value = _raw(name)
+    if value is None:
+        return default
+    if not _RATE.fullmatch(value.strip()):
+        raise ImproperlyConfiguredEnv(
+            f"{name} must be a count per second, minute, hour or day, e.g. 10/min; got {value!r}")
+    return value.strip()
+
+
 def parse_host_port(value: str) -> str:
     """`host:port` (an IPv6 host in brackets); raises ValueError saying why."""
     host, sep, port = value.rpartition(":")

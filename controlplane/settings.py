@@ -20,6 +20,7 @@ from .env import (
     env_list,
     env_networks,
     env_path,
+    env_rate,
     env_storage_roots,
     env_str,
     env_url,
@@ -51,6 +52,9 @@ def _state_secret_key(path: Path) -> str:
     return path.read_text().strip()
 
 
+# Where ranks and people reach the web (the trainer's control-plane URL,
+# job links in webhooks).
+PUBLIC_URL = env_str("REGATTA_PUBLIC_URL", "http://127.0.0.1:8000")
 SECRET_KEY = env_str("SECRET_KEY") or _state_secret_key(STATE_DIR / "secret_key")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
@@ -81,7 +85,8 @@ MIDDLEWARE = [
     "controlplane.lib.parsers.ApiBodyLimitMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.common.CommonMiddleware",
+    "controlplane.lib.http.QueryStringMiddleware",
+    "controlplane.lib.http.SlashRedirectMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -170,6 +175,15 @@ def _celery_broker(url: str) -> str:
 
 
 CELERY_BROKER_URL = _celery_broker(REDIS_URL)
+# The cache holds only throttle counts: in Redis, so every web process counts
+# together. Its keys carry a prefix apart from Celery's and the locks'.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "regatta-cache",
+    }
+}
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -183,6 +197,10 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(STATE_DIR / "celerybeat-schedule")
 SWEEP_INTERVAL_S = env_float("REGATTA_SWEEP_INTERVAL_S", 5.0, minimum=0.5)
 
 # --- auth and API ---------------------------------------------------------
+# Cookies marked Secure are never sent over plain HTTP; on by default when
+# the public URL is https://.
+SECURE_COOKIES = env_bool("REGATTA_SECURE_COOKIES", PUBLIC_URL.startswith("https://"))
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = SECURE_COOKIES
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
@@ -203,8 +221,14 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "controlplane.lib.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "controlplane.lib.schema.RegattaAutoSchema",
     "EXCEPTION_HANDLER": "controlplane.lib.api.exception_handler",
+    # Guessing passwords and minting tokens are throttled (accounts/throttles.py);
+    # the counts live in the cache below, shared by every web process.
+    "DEFAULT_THROTTLE_RATES": {
+        "login": env_rate("REGATTA_LOGIN_RATE", "10/min"),
+        "token_create": env_rate("REGATTA_TOKEN_CREATE_RATE", "20/hour"),
+    },
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Regatta API",
@@ -227,7 +251,6 @@ SPECTACULAR_SETTINGS = {
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("REGATTA_MAX_BODY_BYTES", 1_048_576, minimum=1024)
 
 # --- fleet ----------------------------------------------------------------
-PUBLIC_URL = env_str("REGATTA_PUBLIC_URL", "http://127.0.0.1:8000")
 # Where `manage.py regatta_up` (`make run`) serves the web.
 REGATTA_BIND = env_host_port("REGATTA_BIND", "127.0.0.1:8000")
 HEARTBEAT_DEADLINE_S = env_float("REGATTA_HEARTBEAT_DEADLINE_S", 60.0, minimum=1.0)

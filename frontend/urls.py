@@ -1,11 +1,13 @@
 from django.urls import path
 
+from accounts.throttles import throttle_login
+
 from . import views
 
 app_name = "frontend"
 
 urlpatterns = [
-    path("login/", views.LoginView.as_view(), name="login"),
+    path("login/", throttle_login(views.LoginView.as_view()), name="login"),
     path("logout/", views.LogoutView.as_view(), name="logout"),
     path("", views.home, name="home"),
     path("fleet/", views.fleet, name="fleet"),

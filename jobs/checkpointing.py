@@ -13,9 +13,10 @@ import logging
 from django.conf import settings
 from django.db.models import Q
 
-from checkpoints import verification
+from checkpoints import confinement, verification
 from checkpoints.models import Checkpoint
 from checkpoints.storage import S3Options, apply_retention, open_uri, retention_plan
+from controlplane.lib.errors import PermanentError
 
 from .models import JobAttempt, TrainingJob
 
@@ -35,7 +36,15 @@ def s3_options(cluster) -> S3Options:
 
 
 def open_job_storage(job):
-    return open_uri(job_checkpoint_uri(job), s3_options(job.cluster))
+    """The job's storage, once its folder is checked to be still where its
+    name says (a link planted since submission could lead to another team's
+    checkpoints: checkpoints/confinement.py)."""
+    uri = job_checkpoint_uri(job)
+    try:
+        confinement.require_real_path(uri)
+    except confinement.OutsideRoots as exc:
+        raise PermanentError(str(exc)) from None
+    return open_uri(uri, s3_options(job.cluster))
 
 
 def newest_verified(job, now, at_most: int | None = None, storage=None) -> Checkpoint | None:

@@ -23,6 +23,7 @@ from controlplane.lib.validation import (
     StrictSerializer,
 )
 
+from . import isolation
 from .models import DEFAULT_RESTART_BUDGETS, FailureClass, Quota, Team, TrainingJob
 
 try:  # The trainer package is optional on a control-plane-only install.
@@ -176,6 +177,7 @@ class JobSpecValidator(StrictSerializer):
             errors.update(_fits(pool, attrs))
         errors.update(_world_size(attrs))
         errors.update(_program(attrs))
+        errors.update(isolation.check_spec(attrs))
         errors.update(_hyperparameters(attrs))
         errors.update(_storage(attrs))
         errors.update(_eval(attrs))

@@ -28,7 +28,7 @@ from django.db import transaction
 from controlplane.lib.tasks import Port, enqueue_on_commit
 from jobs.models import JobEvent
 
-from . import payloads, signing, targets
+from . import payloads, pinning, signing, targets
 from .events import types_for
 from .models import Delivery, Webhook
 
@@ -158,15 +158,16 @@ def _send(delivery: Delivery, now: datetime) -> Outcome:
     if not webhook.active:
         return Outcome(error="the webhook was deactivated", permanent=True)
     try:
-        targets.check(webhook.url)
+        target = targets.resolve(webhook.url)
     except targets.UnsafeTarget as exc:
         return Outcome(error=str(exc), permanent=True)
     except OSError as exc:
         return Outcome(error=f"cannot resolve the host: {exc}"[:EXCERPT])
-    return _post(webhook, delivery, now)
+    return _post(webhook, delivery, now, target)
 
 
-def _post(webhook: Webhook, delivery: Delivery, now: datetime) -> Outcome:
+def _post(webhook: Webhook, delivery: Delivery, now: datetime,
+          target: targets.Target) -> Outcome:
     body = payloads.body(delivery.payload)
     headers = {
         "Content-Type": "application/json", "User-Agent": USER_AGENT,
@@ -177,9 +178,11 @@ def _post(webhook: Webhook, delivery: Delivery, now: datetime) -> Outcome:
     timeout = settings.WEBHOOK_TIMEOUT_S
     started = time.monotonic()
     try:
-        # Redirects are not followed: one could lead to a refused address.
-        with requests.post(webhook.url, data=body, headers=headers, timeout=(timeout, timeout),
-                           allow_redirects=False, stream=True) as resp:
+        # To the address just checked, never a fresh DNS answer; redirects
+        # are not followed: one could lead to a refused address.
+        with pinning.session(target.addresses[0]) as http, http.post(
+                webhook.url, data=body, headers=headers, timeout=(timeout, timeout),
+                allow_redirects=False, stream=True) as resp:
             reply = resp.raw.read(EXCERPT, decode_content=True) or b""
             code = resp.status_code
     except requests.RequestException as exc:

@@ -124,6 +124,9 @@ class LaunchRequest:
     # The trainer's environment (docs/trainer-protocol.md), token included.
     env: dict = field(default_factory=dict)
     checkpoint_uri: str = ""
+    # The job's team: providers that give each team its own identity
+    # (Kubernetes' team_service_accounts) pick it by this name.
+    team: str = ""
     # Nodes of the pool the attempt must not land on (cordoned, failed,
     # replaced), for providers whose scheduler picks among the pool's nodes
     # rather than taking `placements` as given (a Karpenter pool).

@@ -187,7 +187,8 @@ class KeysetPagination(BoundedLimitOffsetPagination):
         return [*super().get_schema_operation_parameters(view), {
             "name": self.cursor_query_param, "required": False, "in": "query",
             "description": "Where the page starts: from a `next` or `previous` link.",
-            "schema": {"type": "string"},
+            # What _encode writes: URL-safe base64, its padding dropped.
+            "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]+={0,2}$"},
         }, {
             "name": self.count_query_param, "required": False, "in": "query",
             "description": "`true` adds the list's `count` (a full count: slow on big lists).",

@@ -281,7 +281,7 @@ def _launch(ctx: Ctx, attempt: JobAttempt) -> None:
         job_id=job.id, attempt_id=attempt.id, attempt_number=attempt.number,
         name=f"job-{job.id}-a{attempt.number}", pool=ctx.pool_info, placements=placements,
         nproc_per_node=job.gpus_per_node, image=job.image, command=_command(job),
-        env=env, checkpoint_uri=env["REGATTA_CHECKPOINT_URI"],
+        env=env, checkpoint_uri=env["REGATTA_CHECKPOINT_URI"], team=job.team.name,
         avoid_nodes=_avoid(ctx),
     )
     # Launching on a job another worker has taken since would double the gang.

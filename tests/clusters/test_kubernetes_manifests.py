@@ -95,8 +95,8 @@ def test_a_job_with_its_checkpoint_volume_round_trips_through_the_official_model
     spec = model.spec.pytorch_replica_specs["Worker"].template.spec
     claim = next(v for v in spec.volumes if v.name == "checkpoints").persistent_volume_claim
     assert claim.claim_name == "fsx-lustre"
-    assert {(m.name, m.mount_path) for m in spec.containers[0].volume_mounts} == {
-        ("checkpoints", "/fsx"), ("dshm", "/dev/shm")}
+    assert {(m.name, m.mount_path, m.sub_path) for m in spec.containers[0].volume_mounts} == {
+        ("checkpoints", "/fsx/regatta/job-7", "regatta/job-7"), ("dshm", "/dev/shm", None)}
 
 
 def test_the_eviction_round_trips_through_the_official_models():
@@ -228,17 +228,20 @@ def test_kueue_admits_through_its_queue_label():
     assert "schedulerName" not in pod_spec(job, "Master")
 
 
-def test_path_checkpoints_mount_the_shared_volume():
+def test_path_checkpoints_mount_only_the_job_s_folder_of_the_shared_volume():
+    """Not the whole volume: every team's checkpoints live on it."""
     settings = KubeSettings.parse({"checkpoint_pvc": "fsx-lustre",
                                    "checkpoint_mount_path": "/fsx"})
-    request = make_request(checkpoint_uri="file:///fsx/regatta/job-7")
+    request = make_request(checkpoint_uri="file:///fsx/ckpt/vision/job-7/")
     job = mf.to_dict(mf.pytorch_job(request, settings))
     spec = pod_spec(job, "Worker")
     assert spec["volumes"] == [{"name": "checkpoints",
                                 "persistentVolumeClaim": {"claimName": "fsx-lustre"}}]
-    assert container(job, "Worker")["volumeMounts"] == [{"name": "checkpoints",
-                                                        "mountPath": "/fsx"}]
-    assert env_of(job)["REGATTA_CHECKPOINT_URI"] == "/fsx/regatta/job-7"
+    for role in ("Master", "Worker"):
+        assert container(job, role)["volumeMounts"] == [{
+            "name": "checkpoints", "mountPath": "/fsx/ckpt/vision/job-7",
+            "subPath": "ckpt/vision/job-7"}]
+    assert env_of(job)["REGATTA_CHECKPOINT_URI"] == "/fsx/ckpt/vision/job-7/"
 
 
 def test_s3_checkpoints_mount_nothing():
@@ -249,9 +252,10 @@ def test_s3_checkpoints_mount_nothing():
 def test_a_path_checkpoint_without_a_volume_is_refused():
     with pytest.raises(PermanentError, match="checkpoint_pvc"):
         mf.pytorch_job(make_request(checkpoint_uri="/var/lib/ckpt"), KubeSettings())
-    with pytest.raises(PermanentError, match="outside"):
-        mf.pytorch_job(make_request(checkpoint_uri="/elsewhere/x"),
-                       KubeSettings(checkpoint_pvc="fsx", checkpoint_mount_path="/fsx"))
+    for outside in ("/elsewhere/x", "/fsx", "/fsx/../etc", "/fsxother/x"):
+        with pytest.raises(PermanentError, match="not a folder inside"):
+            mf.pytorch_job(make_request(checkpoint_uri=outside),
+                           KubeSettings(checkpoint_pvc="fsx", checkpoint_mount_path="/fsx"))
 
 
 def test_the_preflight_runs_one_pod_per_node_and_expires():

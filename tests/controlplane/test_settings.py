@@ -183,3 +183,36 @@ def test_with_no_secret_key_each_state_folder_gets_its_own_random_one_kept_priva
     assert len(first) >= 50
     assert (tmp_path / "a" / "secret_key").stat().st_mode & 0o077 == 0
     assert _secret_key_of(tmp_path / "a", SECRET_KEY="from-the-env") == "from-the-env"
+
+
+def _settings_of(state_dir, names, **env):
+    code = ("import django; django.setup(); from django.conf import settings;"
+            f" print(*[getattr(settings, n) for n in {names!r}])")
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("REGATTA_PUBLIC_URL", "REGATTA_SECURE_COOKIES")}
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={**base, **env, "REGATTA_STATE_DIR": str(state_dir),
+             "DJANGO_SETTINGS_MODULE": "controlplane.settings"},
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("env", "secure"), [
+    ({}, "False"),
+    ({"REGATTA_PUBLIC_URL": "https://regatta.example.com"}, "True"),
+    ({"REGATTA_PUBLIC_URL": "https://regatta.example.com", "REGATTA_SECURE_COOKIES": "no"},
+     "False"),
+    ({"REGATTA_SECURE_COOKIES": "yes"}, "True"),
+])
+def test_cookies_are_secure_when_the_web_is_served_over_https(tmp_path, env, secure):
+    out = _settings_of(tmp_path, ["SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE"], **env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [secure, secure]
+
+
+@pytest.mark.slow
+def test_a_malformed_rate_stops_the_process_at_start_naming_it(tmp_path):
+    out = _settings_of(tmp_path, ["SECRET_KEY"], REGATTA_LOGIN_RATE="lots")
+    assert out.returncode != 0
+    assert "REGATTA_LOGIN_RATE must be a count per second, minute, hour or day" in out.stderr

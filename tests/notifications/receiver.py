@@ -3,6 +3,7 @@ sent and answers with the status codes a test lines up."""
 
 from __future__ import annotations
 
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ class Receiver:
     delay_s: float = 0.0
     # Sent as Location with a 3xx answer.
     location: str = ""
+    # Serve HTTPS with this context (its certificate and key loaded).
+    tls: ssl.SSLContext | None = None
     received: list[Received] = field(default_factory=list)
 
     def __post_init__(self):
@@ -48,12 +51,18 @@ class Receiver:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
+        if self.tls is not None:
+            self.server.socket = self.tls.wrap_socket(self.server.socket, server_side=True)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    @property
+    def port(self) -> int:
+        return self.server.server_address[1]
 
     def close(self) -> None:
         self.server.shutdown()

@@ -47,6 +47,8 @@ def test_bad_input_is_named_field_by_field_and_writes_nothing(api, owner):
     ("http://169.254.169.254/latest/meta-data/", "169.254.169.254"),
     ("http://[::1]/", "::1"),
     ("http://10.0.0.7/", "10.0.0.7"),
+    ("http://[64:ff9b::a9fe:a9fe]/", "64:ff9b::a9fe:a9fe"),
+    ("http://127.0.0.1\\x.attacker.example/", "RFC 3986"),
     ("https://user:pw@hooks.example.com/", "credentials"),
     ("hooks.example.com/x", "http://"),
     ("", "blank"),

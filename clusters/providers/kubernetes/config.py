@@ -44,6 +44,12 @@ class KubeSettings:
     api_url: str = setting("", "API server URL without auth (kubectl proxy)")
     request_timeout_s: float = setting(30.0, "timeout of one API request", minimum=0)
     service_account: str = setting("", "service account of the training pods")
+    # One IAM identity for every team would let any rank read every team's
+    # S3 checkpoints: per-team accounts, each with a role (IRSA) or Pod
+    # Identity session tags scoped to the team's prefix (docs/aws.md).
+    team_service_accounts: dict[str, str] = setting(
+        {}, "service account of each team's training pods (team name: account); once "
+        "set, a team not listed cannot launch here")
     image_pull_secrets: tuple[str, ...] = setting((), "image pull secret names")
     nccl_env: dict[str, str] = setting({}, "NCCL_* variables for every rank")
     checkpoint_pvc: str = setting("", "PVC mounted for file checkpoints")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 from typing import Any
 
 from kubeflow.training import models as kf
@@ -159,6 +160,7 @@ def pytorch_job(request: LaunchRequest, settings: KubeSettings,
     pod = _PodParts(
         name=request.name, labels=labels, image=request.image, command=command, env=env,
         gpus=request.pool.gpus_per_node, pool=request.pool, settings=settings,
+        service_account=_service_account(request, settings),
         volumes=volumes + shm_volumes, mounts=mounts + shm_mounts,
         cpu_memory=cpu_memory(request.pool, request.pool.gpus_per_node, allocatable),
         annotations=dict(DISRUPTION_ANNOTATIONS),
@@ -218,7 +220,8 @@ def preflight_job(pool: PoolInfo, placements: tuple[Placement, ...],
         name=name, labels=labels, image=settings.preflight_image,
         command=["python", "-c", PREFLIGHT_SCRIPT], env=[_env(k, v) for k, v in sorted(
             nccl_env(pool, settings).items())],
-        gpus=pool.gpus_per_node, pool=pool, settings=settings, volumes=[], mounts=[],
+        gpus=pool.gpus_per_node, pool=pool, settings=settings,
+        service_account=settings.service_account, volumes=[], mounts=[],
         # A few seconds' check: no QoS to keep, nothing a consolidation would cost.
         cpu_memory={}, annotations=None, avoid=(), pin=True,
     )
@@ -285,7 +288,7 @@ def _replica(pod: _PodParts, nodes: list[str], count: int) -> kf.KubeflowOrgV1Re
         tolerations=_tolerations(pool),
         affinity=_affinity(pod.name, nodes, pool, pod.avoid, pod.pin),
         volumes=pod.volumes or None,
-        service_account_name=settings.service_account or None,
+        service_account_name=pod.service_account or None,
         scheduler_name="volcano" if settings.gang_scheduler == "volcano" else None,
         priority_class_name=settings.priority_class or None,
         image_pull_secrets=[k8s.V1LocalObjectReference(name=n)
@@ -389,28 +392,47 @@ def _pod_checkpoint_uri(uri: str) -> str:
     return uri[len("file://"):] if uri.startswith("file://") else uri
 
 
+def _service_account(request: LaunchRequest, settings: KubeSettings) -> str:
+    """The team's own service account where the cluster names one per team
+    (its IAM role reaches only the team's S3 prefix); a team left out of
+    that list is refused rather than given the shared account."""
+    accounts = settings.team_service_accounts
+    if not accounts:
+        return settings.service_account
+    if request.team not in accounts:
+        raise PermanentError(
+            f"team {request.team!r} has no service account in the cluster's "
+            "team_service_accounts; an operator must add one before it can launch here")
+    return accounts[request.team]
+
+
 def _checkpoint_volume(uri: str, settings: KubeSettings):
     """S3 needs nothing mounted; a path needs the shared volume (FSx for
-    Lustre, EFS, NFS) mounted at the same path the control plane reads."""
+    Lustre, EFS, NFS) at the same path the control plane reads. Only the
+    job's own folder is mounted (a subPath of the volume): the whole volume
+    would let every rank read and overwrite every team's checkpoints. An
+    eval run's folder is its parent's, which it reads."""
     if not uri or uri.startswith("s3://"):
         return [], []
-    path = _pod_checkpoint_uri(uri)
+    path = posixpath.normpath(_pod_checkpoint_uri(uri))
     if not settings.checkpoint_pvc:
         raise PermanentError(
             f"checkpoint URI {uri!r} is a path but the cluster has no 'checkpoint_pvc'; "
             "set one or use an s3:// storage URI"
         )
     mount = settings.checkpoint_mount_path.rstrip("/") or "/"
-    if not (path == mount or path.startswith(mount.rstrip("/") + "/")):
+    if not path.startswith(mount.rstrip("/") + "/"):
         raise PermanentError(
-            f"checkpoint path {path!r} is outside checkpoint_mount_path {mount!r}"
+            f"checkpoint path {path!r} is not a folder inside checkpoint_mount_path {mount!r}"
         )
     volume = k8s.V1Volume(
         name="checkpoints",
         persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(
             claim_name=settings.checkpoint_pvc),
     )
-    return [volume], [k8s.V1VolumeMount(name="checkpoints", mount_path=mount)]
+    # The kubelet makes the folder on the volume if it is not there yet.
+    return [volume], [k8s.V1VolumeMount(name="checkpoints", mount_path=path,
+                                        sub_path=posixpath.relpath(path, mount))]
 
 
 def _shm(settings: KubeSettings):

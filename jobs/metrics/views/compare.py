@@ -84,7 +84,9 @@ class CompareView(APIView):
                              description=f"job ids, comma-separated; at most {compare.MAX_JOBS}"),
             OpenApiParameter("metric", str, description="default: loss, or the first name"),
             OpenApiParameter("x", str, enum=list(compare.X_AXES)),
-            OpenApiParameter("points", int, description=f"per job, at most {MAX_POINTS}"),
+            OpenApiParameter("points", {"type": "integer", "minimum": 2,
+                                               "maximum": MAX_POINTS},
+                             description=f"per job, at most {MAX_POINTS}"),
         ],
         responses={200: inline_serializer("Comparison", {
             "metric": serializers.CharField(), "x": serializers.CharField(),

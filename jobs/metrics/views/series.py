@@ -20,7 +20,9 @@ class JobMetricsView(JobScopedMixin, APIView):
 
     @extend_schema(
         parameters=[OpenApiParameter("name", str, required=True),
-                    OpenApiParameter("points", int, description=f"at most {MAX_POINTS}")],
+                    OpenApiParameter("points", {"type": "integer", "minimum": 2,
+                                               "maximum": MAX_POINTS},
+                             description=f"at most {MAX_POINTS}")],
         responses=inline_serializer("MetricSeries", {
             "name": serializers.CharField(), "total": serializers.IntegerField(),
             "points": serializers.ListField(child=serializers.ListField())}),
