@@ -9,7 +9,7 @@ files are gone, and neither the newest verified checkpoint nor a step the
 caller protects is ever deleted.
 
 Nothing here knows jobs: callers hand in the job's storage URI, its S3
-options and the steps to protect (jobs/checkpointing.py).
+options and the steps to protect (jobs/checkpointing/).
 """
 
 from __future__ import annotations

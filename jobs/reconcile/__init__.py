@@ -20,7 +20,8 @@ from django.utils import timezone
 
 from controlplane.lib import runner
 from controlplane.lib.reconcile import Result
-from jobs import admission, checkpoint_interval, evals, goodput
+from jobs import admission, evals, goodput
+from jobs.checkpointing import interval as checkpoint_interval
 from jobs.reconcile import drain, failures, finish, launch, preemption, waiting
 
 from ..models import NO_HEARTBEATS, JobAttempt, Phase, RankStatus, TrainingJob

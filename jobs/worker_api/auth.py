@@ -8,7 +8,7 @@ spend their queries on the writes they exist for.
 
 Nothing about the attempt is cached to decide whether it may still report:
 - metrics of an ended attempt are accepted (late metrics flushed after the
-  attempt ended are part of its record, tests/jobs/test_worker_api.py
+  attempt ended are part of its record, tests/jobs/worker_api/test_worker_api.py
   ::test_an_ended_attempt_may_still_report_late_metrics);
 - a heartbeat writes the attempt's row anyway, conditionally on it not
   having ended, and learns from that same write whether it has

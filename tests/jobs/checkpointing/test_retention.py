@@ -1,4 +1,4 @@
-"""Retention on the control plane's side (jobs/checkpointing.py over
+"""Retention on the control plane's side (jobs/checkpointing/ over
 checkpoints/storage.py), the one owner of deletion while a
 trainer reports to it: real checkpoint folders on the filesystem (the S3
 side is in test_s3_storage.py), rows as the worker API leaves them."""

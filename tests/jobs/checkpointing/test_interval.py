@@ -6,7 +6,7 @@ import pytest
 from django.utils import timezone
 
 from clusters.models import Node
-from jobs import checkpoint_interval as ci
+from jobs.checkpointing import interval as ci
 from jobs.reconcile import reconcile_job
 from tests.fleet_helpers import (
     heartbeat,

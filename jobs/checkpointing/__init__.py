@@ -17,8 +17,7 @@ from checkpoints import confinement, verification
 from checkpoints.models import Checkpoint
 from checkpoints.storage import S3Options, apply_retention, open_uri, retention_plan
 from controlplane.lib.errors import PermanentError
-
-from .models import JobAttempt, TrainingJob
+from jobs.models import JobAttempt, TrainingJob
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,7 @@ from django.db.models import Sum
 
 from checkpoints.models import Checkpoint
 from clusters.models import Node
-
-from .models import RankStatus, TrainingJob
+from jobs.models import RankStatus, TrainingJob
 
 DEFAULT_COST_S = 10.0
 PRIOR_NODE_MTBF_S = 30 * 24 * 3600.0  # one failure per node-month
