@@ -6,7 +6,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from controlplane.lib.errors import IllegalTransition, PermanentError
-from controlplane.lib.tasks import RECONCILE_CLUSTER, enqueue_on_commit
+from controlplane.lib.tasks import RECONCILE_CLUSTER
 
 from .models import Cluster, Node, NodeEvent
 from .providers import get_provider, pool_info
@@ -24,21 +24,21 @@ def _reason(verb: str, user, reason: str) -> str:
 def cordon(node: Node, user, reason: str = "") -> NodeEvent | None:
     with transaction.atomic():
         event = node.cordon(_reason("cordoned", user, reason), actor=_actor(user))
-        enqueue_on_commit(RECONCILE_CLUSTER, node.cluster_id)
+        RECONCILE_CLUSTER.soon(node.cluster_id)
     return event
 
 
 def uncordon(node: Node, user, reason: str = "") -> NodeEvent | None:
     with transaction.atomic():
         event = node.uncordon(_reason("uncordoned", user, reason), actor=_actor(user))
-        enqueue_on_commit(RECONCILE_CLUSTER, node.cluster_id)
+        RECONCILE_CLUSTER.soon(node.cluster_id)
     return event
 
 
 def drain(node: Node, user, reason: str = "") -> NodeEvent | None:
     with transaction.atomic():
         event = node.drain(_reason("drain asked", user, reason), actor=_actor(user))
-        enqueue_on_commit(RECONCILE_CLUSTER, node.cluster_id)
+        RECONCILE_CLUSTER.soon(node.cluster_id)
     return event
 
 
@@ -59,7 +59,7 @@ def request_replacement(node: Node, user, reason: str = "", now=None) -> NodeEve
             node=node, from_state=node.state, to_state=node.state, actor=_actor(user),
             reason=_reason("replacement requested", user, reason)[:300], created_at=now,
         )
-        enqueue_on_commit(RECONCILE_CLUSTER, node.cluster_id)
+        RECONCILE_CLUSTER.soon(node.cluster_id)
     return event
 
 
@@ -71,5 +71,5 @@ def inject_fault(node: Node, kind: str) -> dict:
             f"fault injection needs a local cluster; {cluster.name} is {cluster.provider}"
         )
     result = get_provider(cluster).inject_fault(pool_info(node.pool), node.name, kind)
-    enqueue_on_commit(RECONCILE_CLUSTER, cluster.pk)
+    RECONCILE_CLUSTER.soon(cluster.pk)
     return result or {}

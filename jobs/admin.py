@@ -6,8 +6,8 @@ from django.db.models.functions import Coalesce
 from controlplane.lib.errors import IllegalTransition
 from jobs.admission import request_admission
 
+from . import services
 from .models import JobAttempt, JobEvent, Quota, Team, TrainingJob
-from .services import poke
 
 
 class QuotaInline(admin.TabularInline):
@@ -118,9 +118,8 @@ class TrainingJobAdmin(admin.ModelAdmin):
         asked = 0
         for job in queryset:
             try:
-                if job.request_cancel(actor=f"user:{request.user.username}"):
+                if services.cancel(job, request.user):
                     asked += 1
-                    poke(job)
             except IllegalTransition as exc:
                 self.message_user(request, str(exc), messages.WARNING)
         self.message_user(request, f"Cancel asked for {asked} job(s).")

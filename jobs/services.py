@@ -1,4 +1,6 @@
-"""Actions other code (the API, the UI, the CLI) asks of a job, outside HTTP."""
+"""What people ask of a job, outside HTTP: the API's views and the UI's form
+posts call these, and map what they raise (IllegalTransition and Refused: a
+409 or a message; NotAllowed: a 403)."""
 
 from __future__ import annotations
 
@@ -7,15 +9,11 @@ from django.db import transaction
 from accounts.permissions import actor_for, is_operator
 from checkpoints.confinement import default_storage_uri
 from checkpoints.models import Checkpoint
-from controlplane.lib.tasks import RECONCILE_JOB, enqueue_on_commit
+from controlplane.lib.errors import NotAllowed, Refused
+from controlplane.lib.tasks import RECONCILE_JOB
 from jobs import admission
 
-from .models import TrainingJob
-
-
-def poke(job: TrainingJob) -> None:
-    """Reconcile the job soon (after the surrounding transaction commits)."""
-    enqueue_on_commit(RECONCILE_JOB, job.pk)
+from .models import JobAttempt, TrainingJob
 
 
 def submit_job(spec: dict, user, *, send: bool = True) -> TrainingJob:
@@ -32,7 +30,7 @@ def submit_job(spec: dict, user, *, send: bool = True) -> TrainingJob:
         job.record("Submitted", f"submitted by {actor}", actor=actor,
                    evidence={"world_size": job.world_size, "pool": job.pool.name})
         if send:
-            enqueue_on_commit(RECONCILE_JOB, job.pk)
+            RECONCILE_JOB.soon(job.pk)
     return job
 
 
@@ -54,4 +52,63 @@ def rerun_job(job: TrainingJob, from_step: int, user) -> None:
     with transaction.atomic():
         job.rerun(from_step, actor_for(user))
         admission.request_admission(job.cluster_id)
-        enqueue_on_commit(RECONCILE_JOB, job.pk)
+        RECONCILE_JOB.soon(job.pk)
+
+
+def cancel(job: TrainingJob, user) -> bool:
+    """Ask the reconciler to stop the job. Idempotent: False when it was
+    asked already; IllegalTransition once the job has ended."""
+    with transaction.atomic():
+        asked = job.request_cancel(actor_for(user))
+        if asked:
+            RECONCILE_JOB.soon(job.pk)
+    return asked
+
+
+def checkpoint_now(job: TrainingJob, user) -> tuple[JobAttempt, str]:
+    """Ask the running attempt for a checkpoint at its next step; returns
+    the attempt and the request's id."""
+    attempt = job.running_attempt()
+    if attempt is None:
+        raise Refused(f"Job {job.pk} ({job.name}) has no running attempt to checkpoint.")
+    return attempt, attempt.request_checkpoint(actor_for(user))
+
+
+def profile_next(job: TrainingJob, steps: int, user) -> tuple[JobAttempt, str, bool]:
+    """Ask every rank to profile the next `steps` steps; returns the attempt,
+    the request's id and whether this call made it (a pending one is kept)."""
+    attempt = job.running_attempt()
+    if attempt is None:
+        raise Refused(f"Job {job.pk} ({job.name}) is {job.phase}: only a running job can be "
+                      "profiled.")
+    if job.heartbeats_missing:
+        # It would stay pending for ever: directives ride on heartbeat replies.
+        raise Refused(f"Job {job.pk} ({job.name}) runs a program that sends no heartbeats, so "
+                      "it never gets the profile directive; report through the regatta SDK.")
+    request_id, created = attempt.request_profile(steps, actor_for(user))
+    return attempt, request_id, created
+
+
+def check_may_restart(job: TrainingJob, user) -> None:
+    """Before the step is even read: an ended job runs again only at its
+    owner's or an operator's word, and only from a checkpoint it kept."""
+    if not job.is_terminal:
+        return
+    if not may_rerun(user, job):
+        raise NotAllowed(f"Only the owner of {job.name} or an operator may rerun it.")
+    if not can_resume(job):
+        raise Refused(f"Job {job.pk} ({job.name}) has ended ({job.phase}) with no committed or "
+                      "verified checkpoint to resume from; submit it again instead.")
+
+
+def restart(job: TrainingJob, from_step: int, user) -> str:
+    """Restart a live job's gang from a validated step, or run an ended one
+    again from it; says which ("restart" or "rerun")."""
+    check_may_restart(job, user)
+    if job.is_terminal:
+        rerun_job(job, from_step, user)
+        return "rerun"
+    with transaction.atomic():
+        job.request_restart(from_step, actor_for(user))
+        RECONCILE_JOB.soon(job.pk)
+    return "restart"

@@ -25,7 +25,7 @@ import requests
 from django.conf import settings
 from django.db import transaction
 
-from controlplane.lib.tasks import Port, enqueue_on_commit
+from controlplane.lib.tasks import Port
 from jobs.models import JobEvent
 
 from . import payloads, pinning, signing, targets
@@ -86,7 +86,7 @@ def _create(webhook: Webhook, event_type: str, document: dict, now: datetime,
         webhook=webhook, event_type=event_type, job_event=job_event,
         payload=payloads.render(webhook, document), created_at=now, next_attempt_at=now,
     )
-    enqueue_on_commit(DELIVER, delivery.pk)
+    DELIVER.soon(delivery.pk)
     return delivery
 
 
@@ -97,7 +97,7 @@ def retry_now(delivery: Delivery, now: datetime) -> bool:
         status=Delivery.Status.SUCCEEDED).update(status=Delivery.Status.PENDING,
                                                  next_attempt_at=now)
     if changed:
-        enqueue_on_commit(DELIVER, delivery.pk)
+        DELIVER.soon(delivery.pk)
     return bool(changed)
 
 

@@ -16,6 +16,7 @@ from clusters.providers import get_provider, pool_info
 from controlplane.lib import runner
 from controlplane.lib.errors import PermanentError, TemporaryError
 from controlplane.lib.reconcile import Result
+from controlplane.lib.tasks import ADMIT_CLUSTER
 
 from .. import wake
 from ..workload import jobs_on_node
@@ -73,7 +74,7 @@ def reconcile_cluster(cluster_id: int, now=None) -> Result:
                         cluster.name, pool.name, exc)
     account_ready_time(cluster, now)
     if _capacity(cluster) != capacity:
-        wake.admission(cluster.id)
+        ADMIT_CLUSTER.soon(cluster.id)
     # Last: admission must not wait for a spare's check.
     check_one_spare(cluster, pools, provider, now)
     interval = cluster.config.reconcile_interval

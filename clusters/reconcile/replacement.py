@@ -24,10 +24,10 @@ from datetime import timedelta
 from django.db import transaction
 from django.db.models import F
 
-from clusters import wake
 from clusters.models import Node, NodeEvent, NodeHealthEvent
 from clusters.providers import get_provider, pool_info
 from controlplane.lib.errors import IllegalTransition
+from controlplane.lib.tasks import RECONCILE_CLUSTER
 
 from .scaling import backoff_left, note_asked
 
@@ -78,7 +78,7 @@ def take_out(node: Node, reason: str, evidence: dict, now, *, replace_reason: st
         spare = Node.objects.filter(replaces=node).order_by("id").first()
         return TakenOut(cordoned, spare, None)
     if not ask_provider:
-        wake.cluster(node.cluster_id)  # the cluster reconcile asks the provider soon
+        RECONCILE_CLUSTER.soon(node.cluster_id)  # the cluster reconcile asks the provider soon
         return TakenOut(cordoned, spare, None)
     return TakenOut(cordoned, spare, _ask_now_or_later(node, replace_reason, now))
 

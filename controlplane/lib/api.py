@@ -4,7 +4,7 @@ from rest_framework.exceptions import APIException
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from .errors import IllegalTransition
+from .errors import IllegalTransition, NotAllowed, Refused
 from .parsers import too_large_detail
 
 
@@ -20,6 +20,10 @@ def exception_handler(exc, context):
             {"detail": str(exc), "current": exc.current, "requested": exc.target},
             status=status.HTTP_409_CONFLICT,
         )
+    if isinstance(exc, Refused):
+        return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, NotAllowed):
+        return Response({"detail": str(exc)}, status=status.HTTP_403_FORBIDDEN)
     if isinstance(exc, RequestDataTooBig):
         return Response(
             {"detail": too_large_detail()},

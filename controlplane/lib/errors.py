@@ -27,3 +27,12 @@ class IllegalTransition(RegattaError):
     def __init__(self, kind: str, obj_id, current: str, target: str):
         self.kind, self.obj_id, self.current, self.target = kind, obj_id, current, target
         super().__init__(f"{kind} {obj_id} cannot go from {current} to {target}")
+
+
+class Refused(RegattaError):
+    """An ask the object's present state cannot take, said for people: no
+    running attempt to checkpoint, no checkpoint to rerun from (API: 409)."""
+
+
+class NotAllowed(RegattaError):
+    """The person may not ask this of the object (API: 403)."""

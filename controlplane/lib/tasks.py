@@ -31,6 +31,12 @@ class Port:
             raise RuntimeError(f"{self.what}: provided twice ({self.task.name}, {task.name})")
         self.task = task
 
+    def soon(self, *ids: int) -> None:
+        """Send the task with `ids` once the surrounding transaction commits:
+        "reconcile this job soon" is `RECONCILE_JOB.soon(job_id)`, wherever
+        it is asked."""
+        enqueue_on_commit(self, *ids)
+
     def resolve(self):
         if self.task is None:
             raise LookupError(f"no installed app provides the task to {self.what}")

@@ -32,7 +32,6 @@ from controlplane.lib.tasks import (
     ADMIT_CLUSTER,
     RECONCILE_JOB,
     RECONCILE_JOBS,
-    enqueue_on_commit,
 )
 from jobs import goodput
 from jobs.admission import preemption, sharing
@@ -128,7 +127,7 @@ def _plural(n: int, word: str) -> str:
 
 def request_admission(cluster_id: int) -> None:
     """Ask for an admission pass of the cluster once the transaction commits."""
-    enqueue_on_commit(ADMIT_CLUSTER, cluster_id)
+    ADMIT_CLUSTER.soon(cluster_id)
 
 
 def jobs_on_nodes(node_ids) -> dict[int, list[int]]:
@@ -314,7 +313,7 @@ class _Pass:
         ids = [job.id for job, _, _ in self.admitted]
         for start in range(0, len(ids), WAKE_BATCH):
             batch = ids[start:start + WAKE_BATCH]
-            enqueue_on_commit(RECONCILE_JOB if len(batch) == 1 else RECONCILE_JOBS, *batch)
+            (RECONCILE_JOB if len(batch) == 1 else RECONCILE_JOBS).soon(*batch)
 
 
 def queue_position(job: TrainingJob) -> int:

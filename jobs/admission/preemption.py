@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import secrets
 
-from controlplane.lib.tasks import RECONCILE_JOB, enqueue_on_commit
+from controlplane.lib.tasks import RECONCILE_JOB
 from jobs.admission.sharing import EVICTING, NOMINATED, Room
 from jobs.models import JobAttempt, TrainingJob
 
@@ -45,7 +45,7 @@ def ask_victims(waiter: TrainingJob, room: Room, team_names: dict, now, wait_s: 
                       attempt=attempt, now=now,
                       evidence={"by": waiter.id, "why": why, "request_id": request_id,
                                 "wait_s": victim_wait_s})
-        enqueue_on_commit(RECONCILE_JOB, victim.id)
+        RECONCILE_JOB.soon(victim.id)
 
 
 def nominate(waiter: TrainingJob, room: Room, reason: str, now) -> None:

@@ -38,7 +38,7 @@ from django.db.models import Max
 from checkpoints import verification
 from checkpoints.models import Checkpoint
 from clusters.models import NodePool
-from controlplane.lib.tasks import RECONCILE_JOB, enqueue_on_commit
+from controlplane.lib.tasks import RECONCILE_JOB
 from jobs.checkpointing import open_job_storage
 from jobs.models import EVAL_PRIORITY, JobEvent, MetricPoint, Phase, TrainingJob
 
@@ -153,7 +153,7 @@ def _make(job: TrainingJob, checkpoint: Checkpoint, now) -> TrainingJob | None:
             job.record("EvalScheduled", f"eval run #{run.pk} of step {checkpoint.step}",
                        now=now, evidence={"eval_job": run.pk, "step": checkpoint.step,
                                           "uri": checkpoint.uri})
-            enqueue_on_commit(RECONCILE_JOB, run.pk)
+            RECONCILE_JOB.soon(run.pk)
     except IntegrityError:  # another pass made it first
         return None
     return run
@@ -220,7 +220,7 @@ def cancel_live(job: TrainingJob, actor: str, now) -> None:
     """The parent was cancelled: its eval runs not yet done go too."""
     for run in TrainingJob.objects.filter(parent=job, phase__in=LIVE):
         run.request_cancel(actor, now=now)
-        enqueue_on_commit(RECONCILE_JOB, run.pk)
+        RECONCILE_JOB.soon(run.pk)
 
 
 def series_points(job_id: int, name: str) -> list[tuple[int, float]]:

@@ -15,9 +15,8 @@ from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.permissions import actor_for
 from checkpoints import downloads
-from controlplane.lib.api import Conflict
+from jobs import services
 from jobs.checkpointing import open_job_storage
 from jobs.profiling import traces_of
 from jobs.serializers import ProfileTraceSerializer
@@ -44,15 +43,8 @@ class JobProfileView(JobScopedMixin, APIView):
         job = self.get_job()
         body = ProfileRequestValidator(data=request.data)
         body.is_valid(raise_exception=True)
-        attempt = job.running_attempt()
-        if attempt is None:
-            raise Conflict(f"Job {job.pk} is {job.phase}: only a running job can be profiled.")
-        if job.heartbeats_missing:
-            # It would stay pending for ever: directives ride on heartbeat replies.
-            raise Conflict(f"Job {job.pk} runs a program that sends no heartbeats, so it never "
-                           "gets the profile directive; report through the regatta SDK.")
-        request_id, created = attempt.request_profile(body.validated_data["steps"],
-                                                      actor_for(request.user))
+        attempt, request_id, created = services.profile_next(
+            job, body.validated_data["steps"], request.user)
         return Response({"attempt": attempt.pk, "request_id": request_id,
                          "steps": attempt.profile_steps, "created": created},
                         status=202 if created else 200)

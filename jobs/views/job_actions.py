@@ -3,15 +3,10 @@ one): asks written beside the spec; the reconciler carries them out."""
 
 from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers
-from rest_framework.exceptions import PermissionDenied
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.permissions import actor_for
-from controlplane.lib.api import Conflict
-from controlplane.lib.tasks import enqueue_on_commit
-
-from .. import services, tasks
+from .. import services
 from ..serializers import JobSerializer
 from ..validators import RestartValidator
 from .base import JobScopedMixin
@@ -24,8 +19,7 @@ class JobCancelView(JobScopedMixin, APIView):
     @extend_schema(request=None, responses={200: JobSerializer, 409: OpenApiResponse()})
     def post(self, request, pk):
         job = self.get_job()
-        if job.request_cancel(actor_for(request.user)):
-            enqueue_on_commit(tasks.reconcile_job, job.pk)
+        services.cancel(job, request.user)
         return Response(JobSerializer(job, context={"request": request}).data)
 
 
@@ -37,11 +31,7 @@ class JobCheckpointView(JobScopedMixin, APIView):
             409: OpenApiResponse()},
     )
     def post(self, request, pk):
-        job = self.get_job()
-        attempt = job.running_attempt()
-        if attempt is None:
-            raise Conflict(f"Job {job.pk} has no running attempt to checkpoint.")
-        request_id = attempt.request_checkpoint(actor_for(request.user))
+        attempt, request_id = services.checkpoint_now(self.get_job(), request.user)
         return Response({"attempt": attempt.pk, "request_id": request_id}, status=202)
 
 
@@ -54,21 +44,9 @@ class JobRestartView(JobScopedMixin, APIView):
                               403: OpenApiResponse(), 409: OpenApiResponse()})
     def post(self, request, pk):
         job = self.get_job()
-        if job.is_terminal:
-            return self._rerun(request, job)
+        # The owner's word and a checkpoint to rerun from come before the step.
+        services.check_may_restart(job, request.user)
         body = RestartValidator(data=request.data, context={"job": job})
         body.is_valid(raise_exception=True)
-        job.request_restart(body.validated_data["from_step"], actor_for(request.user))
-        enqueue_on_commit(tasks.reconcile_job, job.pk)
-        return Response(JobSerializer(job, context={"request": request}).data)
-
-    def _rerun(self, request, job):
-        if not services.may_rerun(request.user, job):
-            raise PermissionDenied("Only the job's owner or an operator may rerun an ended job.")
-        if not services.can_resume(job):
-            raise Conflict(f"Job {job.pk} has ended ({job.phase}) with no committed or verified "
-                           "checkpoint to resume from; submit it again instead.")
-        body = RestartValidator(data=request.data, context={"job": job})
-        body.is_valid(raise_exception=True)
-        services.rerun_job(job, body.validated_data["from_step"], request.user)
+        services.restart(job, body.validated_data["from_step"], request.user)
         return Response(JobSerializer(job, context={"request": request}).data)

@@ -27,7 +27,7 @@ from django.db.models import Q
 
 from clusters.models import Node
 from controlplane.lib.prepared import prepared_cursor
-from controlplane.lib.tasks import RECONCILE_JOB, enqueue_on_commit
+from controlplane.lib.tasks import RECONCILE_JOB
 from jobs.models import JobAttempt, RankStatus, TrainingJob, directives
 
 PROGRESS_KEYS = ("samples_per_s", "tokens_per_s", "step_time_s")
@@ -137,7 +137,7 @@ def _record_postgres(beat: Beat, now) -> dict | None:
     first_step, request_id, stop_at, profile_id, profile_steps, policy, interval = row
     if first_step:
         # The fast path: the reconciler marks the job running now, not at its next sweep.
-        enqueue_on_commit(RECONCILE_JOB, beat.job_id)
+        RECONCILE_JOB.soon(beat.job_id)
     return directives(request_id, stop_at, policy, interval, profile_id, profile_steps)
 
 
@@ -158,7 +158,7 @@ def _record_portable(beat: Beat, now) -> dict | None:
             pk=beat.attempt_id, first_step_at__isnull=True
         ).update(first_step_at=now):
             # The fast path: the reconciler marks the job running now, not at its next sweep.
-            enqueue_on_commit(RECONCILE_JOB, beat.job_id)
+            RECONCILE_JOB.soon(beat.job_id)
         if beat.rank == 0:
             TrainingJob.objects.filter(pk=beat.job_id, current_step__lte=beat.step).update(
                 current_step=beat.step, progress=_progress(beat, now))

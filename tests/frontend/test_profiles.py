@@ -61,7 +61,7 @@ def test_the_page_refuses_bad_steps_and_a_job_that_is_not_running(
     client = web(owner)
     assert 'id="profile-job"' not in client.get(f"/jobs/{job.pk}/").content.decode()
     not_running = client.post(f"/jobs/{job.pk}/profile/", {"steps": "3"}, follow=True)
-    assert "only a running job is profiled" in not_running.content.decode()
+    assert "only a running job can be profiled" in not_running.content.decode()
     run(job, list(cluster.nodes.all()[:2]))
     bad = client.post(f"/jobs/{job.pk}/profile/", {"steps": "500"}, follow=True)
     assert "steps:" in bad.content.decode()

@@ -4,7 +4,7 @@ from rest_framework.response import Response
 
 from checkpoints.confinement import reported_step_uri_ok
 from checkpoints.models import Checkpoint
-from controlplane.lib.tasks import RECONCILE_JOB, enqueue_on_commit
+from controlplane.lib.tasks import RECONCILE_JOB
 from jobs.checkpointing import job_checkpoint_uri, on_abandoned_branch
 from jobs.worker_api.views import schema as worker_schema
 from jobs.worker_api.views.base import Fields, WorkerView
@@ -53,7 +53,7 @@ class CheckpointCommittedView(WorkerView):
                     **fields, attempt=attempt, state=Checkpoint.State.COMMITTED,
                     state_reason="", verified_at=None,
                 )
-            enqueue_on_commit(RECONCILE_JOB, attempt.job_id)
+            RECONCILE_JOB.soon(attempt.job_id)
         return Response({"checkpoint": checkpoint.pk, "step": step, "created": created},
                         status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 

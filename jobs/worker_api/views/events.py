@@ -3,8 +3,7 @@ import re
 from django.db import transaction
 from rest_framework.response import Response
 
-from controlplane.lib.tasks import enqueue_on_commit
-from jobs import tasks
+from controlplane.lib.tasks import RECONCILE_JOB
 from jobs.models import RankStatus
 from jobs.worker_api.views import schema as worker_schema
 from jobs.worker_api.views.base import WorkerView
@@ -42,5 +41,5 @@ class EventView(WorkerView):
                 attempt=attempt,
             )
             if kind in URGENT:
-                enqueue_on_commit(tasks.reconcile_job, attempt.job_id)
+                RECONCILE_JOB.soon(attempt.job_id)
         return Response({"event": event.pk}, status=201)
