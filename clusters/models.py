@@ -291,6 +291,14 @@ class Node(models.Model):
         size = NodePool.objects.filter(pk=self.pool_id).values_list("size", flat=True).first()
         return working >= (size or 0)
 
+    def note(self, reason: str, *, evidence=None, now=None) -> "NodeEvent":
+        """Something happened on the node that changes no state (a rank died
+        on it): its timeline says so, and later passes read it back."""
+        return NodeEvent.objects.create(
+            node=self, from_state=self.state, to_state=self.state, reason=reason[:300],
+            evidence=evidence or {}, created_at=event_time(now),
+        )
+
     def cordon(self, reason, **kw):
         return self.transition(self.State.CORDONED, reason=reason, **kw)
 

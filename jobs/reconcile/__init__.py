@@ -23,7 +23,7 @@ from controlplane.lib.reconcile import Result
 
 from .. import checkpoint_interval, evals, goodput, scheduling
 from ..models import NO_HEARTBEATS, JobAttempt, Phase, RankStatus, TrainingJob
-from . import evict, failures, finish, launch, preempt, waiting
+from . import evict, failures, finish, launch, preempt, rank_death, waiting
 from .common import Ctx
 from .detect import ALL_REPORTING, Failure, detect
 
@@ -174,7 +174,9 @@ def _watch(ctx: Ctx) -> Result:
     if found.wait_for_root_cause:
         return Result.after(0.5, "waiting for the root cause")
     if found.failure is not None:
-        return _relaunch_now(ctx, failures.handle(ctx, attempt, found.failure))
+        # A killed rank takes its node out only on the node's own evidence.
+        failure = rank_death.settle(ctx, attempt, found.failure)
+        return _relaunch_now(ctx, failures.handle(ctx, attempt, failure))
     if status.state == "succeeded":
         return finish.succeed(ctx, attempt)
     if status.state == "unknown":
