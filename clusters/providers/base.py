@@ -251,7 +251,10 @@ class FaultKind:
     XID = "xid"
     SPOT_NOTICE = "spot_notice"
     PREFLIGHT_FAIL = "preflight_fail"
-    ALL = (KILL, HANG, XID, SPOT_NOTICE, PREFLIGHT_FAIL)
+    # One rank process SIGKILLed on a healthy node, as the kernel's OOM
+    # killer does: relaunched in place (jobs/reconcile/rank_death.py).
+    KILL_RANK = "kill_rank"
+    ALL = (KILL, HANG, XID, SPOT_NOTICE, PREFLIGHT_FAIL, KILL_RANK)
 
 
 @runtime_checkable
