@@ -1,9 +1,10 @@
 """Spare accounting under random interleavings: a seeded scheduler picks,
 step after step, a cluster pass, a job pass, an admission pass, a provider's
-report or a fault, and the pool's invariants (spare_invariants.py) are
-checked after every step. A failing seed is printed with the steps that led
-to it, and replays the same way (the order is all the randomness: the fleet
-is the in-memory provider, the clock a parameter)."""
+report or a fault (a node lost, a rank killed, a notice, an XID, a cordon),
+and the pool's invariants (spare_invariants.py) are checked after every
+step. A failing seed is printed with the steps that led to it, and replays
+the same way (the order is all the randomness: the fleet is the in-memory
+provider, the clock a parameter)."""
 
 from __future__ import annotations
 
@@ -101,6 +102,15 @@ class Fleet:
         lose_node(self.cluster, node, ref)
         return f"kill {node.name}{' (under the job)' if ref else ''}"
 
+    def kill_rank(self) -> str:
+        """One rank of the job dies on a healthy node (relaunched in place)."""
+        attempt = self._live_attempt()
+        if attempt is None or not attempt.provider_ref:
+            return "kill a rank: no gang"
+        node = self.rng.choice([p.node for p in attempt.placements.select_related("node")])
+        provider_of(self.cluster).exit_node(attempt.provider_ref, node.name, signal=9)
+        return f"kill a rank on {node.name}"
+
     def report_not_ready(self) -> str:
         """The provider reports a node not ready, with no signal."""
         node = self._node()
@@ -147,7 +157,7 @@ class Fleet:
         return f"operator uncordons {node.name}"
 
     OPERATIONS = {
-        cluster_pass: 6, job_pass: 6, admission: 2, kill: 2, report_not_ready: 1,
+        cluster_pass: 6, job_pass: 6, admission: 2, kill: 2, kill_rank: 1, report_not_ready: 1,
         spot_notice: 2, xid: 1, operator_cordon: 1, operator_uncordon: 1,
     }
 
