@@ -90,8 +90,8 @@ class NodeAdmin(admin.ModelAdmin):
                        "preflight_passed_at", "released_at")
     inlines = [NodeEventInline]
     actions = ["cordon", "uncordon", "replace"] + [
-        _fault_action(kind) for kind in (FaultKind.KILL, FaultKind.HANG, FaultKind.XID,
-                                         FaultKind.SPOT_NOTICE)
+        _fault_action(kind) for kind in (FaultKind.KILL, FaultKind.KILL_RANK, FaultKind.HANG,
+                                         FaultKind.XID, FaultKind.SPOT_NOTICE)
     ]
 
     @admin.action(description="Cordon the selected nodes")

@@ -91,6 +91,18 @@ class NodePool(models.Model):
     def __str__(self):
         return f"{self.cluster.name}/{self.name}"
 
+    @classmethod
+    def hold(cls, pool_id: int) -> "NodePool | None":
+        """Lock the pool's row for the caller's transaction and return it.
+
+        Whatever changes how many working nodes a pool has (a promotion, a
+        node back in service, a new node joining) takes this lock first, then
+        counts: two passes deciding at once would each see the same free slot
+        (clusters/reconcile/promotion.py). Always before any node row's lock,
+        so the order never deadlocks. SQLite's IMMEDIATE transactions
+        serialise writers the same way."""
+        return cls.objects.select_for_update().filter(pk=pool_id).first()
+
     @property
     def config(self):
         """The provider's typed pool settings (its PoolSettings class)."""
@@ -156,6 +168,8 @@ class Node(models.Model):
         },
     }
     RETIRED = (State.REPLACED, State.TERMINATED)
+    # In a pool's working set (when not a spare): what its `size` bounds.
+    WORKING = (State.PROVISIONING, State.READY)
     # Leaving service for cause: a node back from these passes a check again.
     OUT_OF_SERVICE = (State.CORDONED, State.FAILED, State.DRAINING, *RETIRED)
 
@@ -179,6 +193,14 @@ class Node(models.Model):
     replace_requested_at = models.DateTimeField(null=True, blank=True)
     replaces = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="replaced_by"
+    )
+    # The spare promoted into this working node's slot since it left
+    # service (None: the slot is still owed, or it never left). `replaces`
+    # is the lineage, kept for good; this is the current stay out of service
+    # only, cleared when the node is back, so one that fails again is owed
+    # a spare again (clusters/reconcile/promotion.py).
+    successor = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     # The last time the node passed a preflight check (at a launch, or as a
     # spare when it joined). A launch on nodes that all passed recently skips
@@ -236,7 +258,12 @@ class Node(models.Model):
         now = now or timezone.now()
         if target in self.OUT_OF_SERVICE:
             fields.setdefault("preflight_passed_at", None)
+        if target == self.State.READY:
+            fields["successor"] = None  # back in service: a later failure is owed a spare
         with transaction.atomic():
+            if target == self.State.READY:
+                NodePool.hold(self.pool_id)  # counted and joined as one step
+                self.refresh_from_db(fields=["is_spare"])
             if target == self.State.READY and self._pool_is_full():
                 # Its working slot was filled while it was out (a spare was
                 # promoted): back in service, it waits as a spare, so the
@@ -259,10 +286,18 @@ class Node(models.Model):
         if self.is_spare:
             return False
         working = Node.objects.filter(
-            pool_id=self.pool_id, is_spare=False,
-            state__in=(self.State.READY, self.State.PROVISIONING),
+            pool_id=self.pool_id, is_spare=False, state__in=self.WORKING,
         ).exclude(pk=self.pk).count()
-        return working >= self.pool.size
+        size = NodePool.objects.filter(pk=self.pool_id).values_list("size", flat=True).first()
+        return working >= (size or 0)
+
+    def note(self, reason: str, *, evidence=None, now=None) -> "NodeEvent":
+        """Something happened on the node that changes no state (a rank died
+        on it): its timeline says so, and later passes read it back."""
+        return NodeEvent.objects.create(
+            node=self, from_state=self.state, to_state=self.state, reason=reason[:300],
+            evidence=evidence or {}, created_at=event_time(now),
+        )
 
     def cordon(self, reason, **kw):
         return self.transition(self.State.CORDONED, reason=reason, **kw)

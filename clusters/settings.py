@@ -65,6 +65,12 @@ class ClusterSettings:
     # A peer that exits 84 may be seen before the rank that died and caused it;
     # wait this long for the root cause before calling the failure transient.
     root_cause_grace_s: float = setting(5.0, "wait for a failure's root cause", minimum=0)
+    # A rank that dies on a node with no sign from the node is relaunched in
+    # place (jobs/reconcile/rank_death.py); a second death on the same node
+    # within this window is the node's evidence against itself.
+    process_repeat_window_s: float = setting(
+        3600.0, "a rank death on a node where one died this recently is the node's fault",
+        minimum=0)
     transient_backoff_s: float = setting(2.0, "first delay before a transient retry",
                                          minimum=0)
     transient_backoff_max_s: float = setting(60.0, "longest delay before a transient retry",

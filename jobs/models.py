@@ -68,9 +68,11 @@ class FailureClass(models.TextChoices):
     HARDWARE = "hardware", "Hardware (replace node, resume)"
     PREEMPTED = "preempted", "Preempted (spot notice or drain)"
     HANG = "hang", "Hang (missed heartbeats)"
+    PROCESS = "process", "Process died (relaunch in place)"
 
 
-DEFAULT_RESTART_BUDGETS = {"code": 0, "transient": 3, "hardware": 5, "preempted": 10, "hang": 3}
+DEFAULT_RESTART_BUDGETS = {"code": 0, "transient": 3, "hardware": 5, "preempted": 10, "hang": 3,
+                           "process": 3}
 
 
 def default_restart_budgets():

@@ -44,15 +44,22 @@ def provider_of(cluster) -> memory.MemoryProvider:
     return memory.MemoryProvider(cluster.name)
 
 
+def report_not_ready(cluster, node: Node) -> None:
+    """The provider reports the node not ready (and says nothing more): the
+    node's own evidence that ranks killed on it died with it."""
+    info = pool_info(node.pool)
+    with memory._LOCK:
+        nodes = provider_of(cluster).fleet.nodes[(info.cluster, info.name)]
+        nodes[node.name] = replace(nodes[node.name], ready=False)
+
+
 def lose_node(cluster, node: Node, ref: dict | None = None) -> None:
     """A node dies whole, as the local provider's "kill" fault leaves it: the
     provider reports it not ready and sends a "lost" signal, and the part of
     the attempt on it (if any) was killed."""
     provider = provider_of(cluster)
     info = pool_info(node.pool)
-    with memory._LOCK:
-        nodes = provider.fleet.nodes[(info.cluster, info.name)]
-        nodes[node.name] = replace(nodes[node.name], ready=False)
+    report_not_ready(cluster, node)
     provider.signal(info, node.name, "lost", message="node lost: every process on it was killed",
                     evidence={"fault": "kill"})
     if ref is not None:

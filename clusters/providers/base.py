@@ -145,6 +145,10 @@ class NodeProcess:
     # Per-rank exit records the trainer wrote (REGATTA_STATUS_DIR/rank-N.json).
     ranks: tuple[dict, ...] = ()
     log_tail: str = ""
+    # The provider saw the node go with the process (a pod evicted or lost
+    # with its node, no container exit): node-level evidence, so a death
+    # here is never taken for one process's (jobs/reconcile/rank_death.py).
+    node_lost: str = ""
 
 
 @dataclass(frozen=True)
@@ -254,7 +258,10 @@ class FaultKind:
     XID = "xid"
     SPOT_NOTICE = "spot_notice"
     PREFLIGHT_FAIL = "preflight_fail"
-    ALL = (KILL, HANG, XID, SPOT_NOTICE, PREFLIGHT_FAIL)
+    # One rank process SIGKILLed on a healthy node, as the kernel's OOM
+    # killer does: relaunched in place (jobs/reconcile/rank_death.py).
+    KILL_RANK = "kill_rank"
+    ALL = (KILL, HANG, XID, SPOT_NOTICE, PREFLIGHT_FAIL, KILL_RANK)
 
 
 @runtime_checkable

@@ -20,7 +20,8 @@ from controlplane.lib.tasks import ADMIT_CLUSTER
 
 from .. import wake
 from ..workload import jobs_on_node
-from .nodes import account_ready_time, keep_spares, promote_for_size, send_drain, sync_pool
+from .nodes import account_ready_time, keep_spares, send_drain, sync_pool
+from .promotion import fill_vacancies
 from .replacement import ask_owed_replacements, replace_node, take_out
 from .scaling import CONDITION as SCALING_CONDITION
 from .scaling import conditions as scaling_conditions
@@ -65,7 +66,9 @@ def reconcile_cluster(cluster_id: int, now=None) -> Result:
         # Jobs' passes claim replacements; the provider is asked here.
         ask_owed_replacements(pool, now)
         release_retired(pool, provider, info, now)
-        promote_for_size(pool, now)
+        # The safety net: a slot left by a node taken out anywhere (an
+        # operator's cordon, a provider's report) is filled here.
+        fill_vacancies(pool, now)
         try:
             keep_spares(pool, provider, info, now)
         except (PermanentError, TemporaryError) as exc:

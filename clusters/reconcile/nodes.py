@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-from django.db.models import F
+from django.db import transaction
+from django.db.models import F, Q
 
-from clusters.models import Node, NodeEvent
+from clusters.models import Node, NodeEvent, NodePool
 from controlplane.lib.bulk import insert_rows
 from controlplane.lib.transitions import event_time
 
-from .replacement import promote_spare
 from .scaling import check_backoff, note_asked
-
-ACTIVE = (Node.State.PROVISIONING, Node.State.READY, Node.State.CORDONED, Node.State.DRAINING)
 
 
 def sync_pool(pool, provider, info, now) -> None:
     reported = {n.name: n for n in provider.list_nodes(info)}
     rows = {n.name: n for n in Node.objects.filter(cluster_id=pool.cluster_id, pool=pool)}
-    working = sum(1 for n in rows.values() if n.state in ACTIVE and not n.is_spare)
-    _found(pool, [seen for name, seen in reported.items() if name not in rows], working, now)
+    _found(pool, [seen for name, seen in reported.items() if name not in rows], now)
     for name, row in rows.items():
         seen = reported.get(name)
         if seen is None:
@@ -36,7 +33,7 @@ FOUND = "found at the provider"
 READY = "provider reports it ready"
 
 
-def _found(pool, new: list, working: int, now) -> None:
+def _found(pool, new: list, now) -> None:
     """Record the nodes the provider lists that have no row yet, in a few
     statements (a new 10,000-node pool is one pass, not 40,000 round trips;
     no model object per row: controlplane/lib/bulk.py),
@@ -44,13 +41,29 @@ def _found(pool, new: list, working: int, now) -> None:
 
     A job's pass replacing a node records the provider's new machine itself
     and may do so between our listing and here: its row wins (the insert
-    skips the name), and only the rows this pass made get our events."""
+    skips the name), and only the rows this pass made get our events.
+
+    A new node joins the working set while the pool is short of its size
+    with no vacancy owed (how a pool first fills), else as a spare: a node
+    left out of service is owed a spare that names it (promotion.py), which
+    the pass's `fill_vacancies` promotes, this one if no other is ready.
+    Counted under the pool's lock, like a promotion, so the two never fill
+    one slot twice."""
     if not new:
         return
+    with transaction.atomic():
+        size = NodePool.hold(pool.pk).size
+        taken = Node.objects.filter(pool=pool, is_spare=False).filter(
+            Q(state__in=Node.WORKING)
+            | Q(state__in=Node.OUT_OF_SERVICE, successor__isnull=True)).count()
+        _insert_found(pool, new, size - taken, now)
+
+
+def _insert_found(pool, new: list, room: int, now) -> None:
     rows = []
     for seen in new:
-        is_spare = working >= pool.size
-        working += 0 if is_spare else 1
+        is_spare = room <= 0
+        room -= 0 if is_spare else 1
         rows.append({
             "cluster_id": pool.cluster_id, "pool_id": pool.id, "name": seen.name,
             "provider_id": seen.provider_id, "address": seen.address, "gpus": seen.gpus,
@@ -72,20 +85,6 @@ def _found(pool, new: list, working: int, now) -> None:
             events.append({"node_id": node_id, "from_state": Node.State.PROVISIONING,
                            "to_state": Node.State.READY, "reason": READY, "created_at": at})
     insert_rows(NodeEvent, events)
-
-
-def promote_for_size(pool, now) -> None:
-    """A pool short of working nodes (one was retired) takes spares."""
-    working = Node.objects.filter(
-        pool=pool, is_spare=False, state__in=(Node.State.READY, Node.State.PROVISIONING)
-    ).count()
-    # A node retired while no spare was ready is stood in for now: link the
-    # spare to it, so the lineage reads the same as a replacement made at once.
-    owed = list(Node.objects.filter(pool=pool, state__in=Node.RETIRED, is_spare=False,
-                                    replaced_by__isnull=True).order_by("state_changed_at", "id"))
-    for i in range(max(0, pool.size - working)):
-        if promote_spare(pool, owed[i] if i < len(owed) else None, now) is None:
-            break
 
 
 def keep_spares(pool, provider, info, now) -> None:

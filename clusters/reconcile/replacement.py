@@ -5,9 +5,10 @@ reconciler (an operator asked for a replacement, a failing or noticed idle
 node). Every step writes a NodeEvent through Node.transition.
 
 A replacement has two halves. The claim is quick and local: one
-transaction, holding the node's row, moves it to `replaced` and promotes one
-spare in its place, so a job can relaunch on that spare at once; a pass that
-finds the node claimed already promotes nothing. The provider's half (retire
+transaction, holding the pool's and the node's rows, moves it to `replaced`
+and fills its slot from the spares (promotion.py, the one place that
+promotes), so a job can relaunch on that spare at once; a pass that finds
+the node claimed already promotes nothing. The provider's half (retire
 the machine, bring up a new spare) may block for minutes (AWS waits for the
 group's new instance), so it never runs on a job's reconcile: the claim
 leaves `replace_requested_at` set (the ask is owed) and the cluster
@@ -24,11 +25,12 @@ from datetime import timedelta
 from django.db import transaction
 from django.db.models import F
 
-from clusters.models import Node, NodeEvent, NodeHealthEvent
+from clusters.models import Node, NodeEvent, NodeHealthEvent, NodePool
 from clusters.providers import get_provider, pool_info
 from controlplane.lib.errors import IllegalTransition
 from controlplane.lib.tasks import RECONCILE_CLUSTER
 
+from .promotion import fill_vacancies
 from .scaling import backoff_left, note_asked
 
 log = logging.getLogger(__name__)
@@ -70,12 +72,13 @@ def take_out(node: Node, reason: str, evidence: dict, now, *, replace_reason: st
     replaced node with no successor). A job's pass leaves the provider's half
     to the cluster reconcile (`ask_provider=False`)."""
     with transaction.atomic():
+        NodePool.hold(node.pool_id)
         cordoned = _cordon_row(node, reason, evidence, now, health_kind, count_failure)
-        claimed, spare = _claim(node, replace_reason, now)
+        claimed = _claim(node, replace_reason, now)
     if cordoned:
         _cordon_at_provider(node)
+    spare = successor_of(node)
     if not claimed:
-        spare = Node.objects.filter(replaces=node).order_by("id").first()
         return TakenOut(cordoned, spare, None)
     if not ask_provider:
         RECONCILE_CLUSTER.soon(node.cluster_id)  # the cluster reconcile asks the provider soon
@@ -112,47 +115,30 @@ def _cordon_at_provider(node: Node) -> None:
         log.warning("provider cordon of %s failed: %s", node.name, exc)
 
 
-def promote_spare(pool, replaces: Node | None, now) -> Node | None:
-    """Turn one ready spare of the pool into a working node: the one that
-    passed a preflight check most recently (clusters/reconcile/spares.py), so
-    the relaunch it joins can skip the check; else the oldest."""
+def _claim(node: Node, reason: str, now) -> bool:
+    """Whether this pass claimed the node. Its slot is filled in the same
+    transaction (promotion.py decides whether a spare is owed: none for a
+    spare, none for a node whose slot a cluster pass filled already)."""
     with transaction.atomic():
-        spare = (
-            Node.objects.select_for_update(skip_locked=True)
-            .filter(pool=pool, is_spare=True, state=Node.State.READY)
-            .order_by(F("preflight_passed_at").desc(nulls_last=True), "created_at", "id")
-            .first()
-        )
-        if spare is None:
-            return None
-        Node.objects.filter(pk=spare.pk).update(
-            is_spare=False, replaces=replaces, state_reason="promoted from the spare pool"
-        )
-        NodeEvent.objects.create(
-            node=spare, from_state=spare.state, to_state=spare.state,
-            reason=f"promoted from the spare pool to replace {replaces.name}" if replaces
-            else "promoted from the spare pool",
-            evidence={"replaces": replaces.name if replaces else None}, created_at=now,
-        )
-    spare.refresh_from_db()
-    return spare
-
-
-def _claim(node: Node, reason: str, now) -> tuple[bool, Node | None]:
-    """(whether this pass claimed the node, the spare promoted in its place)."""
-    with transaction.atomic():
+        NodePool.hold(node.pool_id)  # before the node's row: the one lock order
         # The row lock makes a concurrent claim wait for this one and then see
         # the node replaced (SQLite's IMMEDIATE transactions serialise the same way).
         row = Node.objects.select_for_update().filter(pk=node.pk).first()
         if row is None or row.state in Node.RETIRED:
-            return False, None
+            return False
         if row.state in (Node.State.READY, Node.State.PROVISIONING):
             row.cordon(reason, now=now)
         row.transition(Node.State.REPLACED, reason=reason, now=now, replace_requested_at=now,
                        replace_asked_at=None)
-        spare = promote_spare(row.pool, row, now)
+        fill_vacancies(row.pool, now, first=row)
     node.refresh_from_db()
-    return True, spare
+    return True
+
+
+def successor_of(node: Node) -> Node | None:
+    """The spare promoted into the node's slot since it left service."""
+    node.refresh_from_db(fields=["successor"])
+    return node.successor
 
 
 def _ask_now_or_later(node: Node, reason: str, now) -> Node | None:
@@ -222,10 +208,9 @@ def replace_node(node: Node, reason: str, now) -> tuple[Node | None, Node | None
 
     Returns (the spare in the node's place or None, the provider's new spare
     or None)."""
-    claimed, spare = _claim(node, reason, now)
-    if not claimed:
-        return Node.objects.filter(replaces=node).order_by("id").first(), None
-    return spare, _ask_now_or_later(node, reason, now)
+    if not _claim(node, reason, now):
+        return successor_of(node), None
+    return successor_of(node), _ask_now_or_later(node, reason, now)
 
 
 # After the provider failed a replacement, it is asked again after this long,

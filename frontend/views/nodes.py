@@ -37,6 +37,7 @@ def node_actions(node: Node) -> list[tuple[str, str, str]]:
     return out
 FAULTS = [
     (FaultKind.KILL, "Kill the ranks"),
+    (FaultKind.KILL_RANK, "Kill one rank (as the OOM killer)"),
     (FaultKind.HANG, "Hang (SIGSTOP)"),
     (FaultKind.XID, "GPU XID error"),
     (FaultKind.SPOT_NOTICE, "Spot interruption notice"),

@@ -49,7 +49,8 @@ BUILTIN_KNOBS = {"max_batches": "val_batches", "samples": "eval_samples",
                  "sample_tokens": "eval_sample_tokens"}
 # Restarts an eval run may spend per failure class: a code error fails it at
 # once; a killed rank or a lost node restarts it.
-EVAL_RESTART_BUDGETS = {"code": 0, "transient": 3, "hardware": 3, "preempted": 100, "hang": 2}
+EVAL_RESTART_BUDGETS = {"code": 0, "transient": 3, "hardware": 3, "preempted": 100, "hang": 2,
+                        "process": 2}
 # The event an eval program sends with its samples (the SDK's `evaluated`).
 EVALUATED = "TrainerEvaluated"
 # Parent timeline events, by the eval run's new phase.

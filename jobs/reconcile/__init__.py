@@ -22,7 +22,7 @@ from controlplane.lib import runner
 from controlplane.lib.reconcile import Result
 from jobs import admission, evals, goodput
 from jobs.checkpointing import interval as checkpoint_interval
-from jobs.reconcile import drain, failures, finish, launch, preemption, waiting
+from jobs.reconcile import drain, failures, finish, launch, preemption, rank_death, waiting
 
 from ..models import NO_HEARTBEATS, JobAttempt, Phase, RankStatus, TrainingJob
 from .common import Ctx
@@ -175,7 +175,9 @@ def _watch(ctx: Ctx) -> Result:
     if found.wait_for_root_cause:
         return Result.after(0.5, "waiting for the root cause")
     if found.failure is not None:
-        return _relaunch_now(ctx, failures.handle(ctx, attempt, found.failure))
+        # A killed rank takes its node out only on the node's own evidence.
+        failure = rank_death.settle(ctx, attempt, found.failure)
+        return _relaunch_now(ctx, failures.handle(ctx, attempt, failure))
     if status.state == "succeeded":
         return finish.succeed(ctx, attempt)
     if status.state == "unknown":

@@ -170,8 +170,11 @@ def _evidence(procs) -> dict:
 
 
 def _proc_evidence(p) -> dict:
-    return {"node": p.node, "exit_code": p.exit_code, "signal": p.signal,
-            "ranks": list(p.ranks)[:16], "log_tail": (p.log_tail or "")[-2000:]}
+    evidence = {"node": p.node, "exit_code": p.exit_code, "signal": p.signal,
+                "ranks": list(p.ranks)[:16], "log_tail": (p.log_tail or "")[-2000:]}
+    if p.node_lost:
+        evidence["node_lost"] = p.node_lost
+    return evidence
 
 
 def health_failure(ctx: Ctx, attempt: JobAttempt) -> Failure | None:

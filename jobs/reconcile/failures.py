@@ -13,6 +13,7 @@ from jobs import admission, goodput
 from jobs.reconcile import budgets
 
 from ..models import AttemptNode, FailureClass, JobAttempt, Phase
+from . import rank_death
 from .common import Ctx
 from .detect import Failure, health_evidence
 
@@ -44,6 +45,8 @@ def handle(ctx: Ctx, attempt: JobAttempt, failure: Failure) -> Result:
     # Read before taking the nodes out counts this failure against them.
     fresh = on_fresh_nodes(ctx, attempt, failure)
     record_node_failures(ctx, attempt, failure)
+    if failure.cls == FailureClass.PROCESS:
+        rank_death.note(ctx, attempt, failure)
     if takes_nodes_out(failure):
         _take_out(ctx, attempt, failure)
     return decide_restart(ctx, attempt, failure, fallback_step, fresh=fresh)
@@ -98,7 +101,9 @@ def record_node_failures(ctx: Ctx, attempt: JobAttempt, failure: Failure) -> Non
     ]
     # Ranks that checkpointed and exited 83 on a drain or a spot notice did
     # what was asked of them; calling that a failed node misleads operators.
-    kind = "NodePreempted" if failure.cls == FailureClass.PREEMPTED else "NodeFailed"
+    # A rank that died on a healthy node is not a failed node either.
+    kind = {FailureClass.PREEMPTED: "NodePreempted",
+            FailureClass.PROCESS: "RankDied"}.get(failure.cls, "NodeFailed")
     for node_evidence in per_node:
         ctx.job.record(kind, f"{node_evidence['node']}: {failure.reason}"[:500],
                        attempt=attempt, now=ctx.now,

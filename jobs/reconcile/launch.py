@@ -19,7 +19,8 @@ from django.db.models import Min
 from checkpoints.models import Checkpoint
 from clusters.models import Cluster, Node, NodeHealthEvent
 from clusters.providers import LaunchRequest, Placement, PreflightResult
-from clusters.reconcile.replacement import cordon_with_evidence, promote_spare
+from clusters.reconcile.promotion import fill_vacancies
+from clusters.reconcile.replacement import cordon_with_evidence
 from controlplane.lib import locks
 from controlplane.lib.reconcile import Result
 from jobs import evals, signals
@@ -212,9 +213,14 @@ def _swap_failed_node(ctx: Ctx, attempt: JobAttempt, name: str,
         Cluster.objects.select_for_update(no_key=True).get(pk=ctx.cluster.pk)
         in_attempt = set(attempt.placements.values_list("node_id", flat=True))
         choices = [n for n in free_nodes(ctx) if n.id not in in_attempt]
-        replacement = choices[0] if choices else promote_spare(ctx.pool, bad, ctx.now)
-        if replacement is None:
+        # The cordon left a vacancy: filled now (a spare that names it), not
+        # at the cluster's next pass; taken here only when no working node is free.
+        fill_vacancies(ctx.pool, ctx.now, first=bad)
+        if not choices:
+            choices = [n for n in free_nodes(ctx) if n.id not in in_attempt]
+        if not choices:
             return False
+        replacement = choices[0]
         AttemptNode.objects.filter(pk=placement.pk).update(node=replacement)
     job.record("NodeSwapped", f"{replacement.name} takes {name}'s place", attempt=attempt,
                now=ctx.now, evidence={"old": name, "new": replacement.name})

@@ -4,7 +4,7 @@ a code error, a spot notice and a node that fails its preflight check."""
 import pytest
 
 from checkpoints.models import Checkpoint
-from clusters.models import Node, NodeHealthEvent
+from clusters.models import Node, NodeEvent, NodeHealthEvent
 from clusters.providers import pool_info
 from jobs.models import Phase
 
@@ -68,10 +68,43 @@ def test_a_killed_node_is_taken_out_replaced_from_the_spares_and_the_job_resumes
     resumed = job.events.get(kind="ResumedFromCheckpoint")
     assert resumed.evidence["step"] >= 5 and second.resume_step == resumed.evidence["step"]
     assert spare.name in set(second.placements.values_list("node__name", flat=True))
+    # One failure, one spare, naming the node (preflight is off here: which
+    # spare is the pre-checked one is pinned in tests/clusters/test_spare_paths.py).
+    promotions = NodeEvent.objects.filter(node__cluster=cluster,
+                                          reason__startswith="promoted from the spare pool")
+    assert [(e.node.name, e.evidence["replaces"]) for e in promotions] == [(spare.name,
+                                                                            node.name)]
+    pool = node.pool
+    assert Node.objects.filter(pool=pool, is_spare=False,
+                               state__in=Node.WORKING).count() <= pool.size
     assert refreshed(node).state == Node.State.REPLACED
     assert node.events.filter(to_state__in=[Node.State.CORDONED, Node.State.FAILED]).exists()
     assert not NodeHealthEvent.objects.filter(node__cluster=cluster, severity="critical",
                                               handled_at__isnull=True).exists()
+    cancel_and_wait(fleet, job)
+
+
+@pytest.mark.timeout(240)
+def test_a_rank_killed_on_a_healthy_node_is_relaunched_in_place(fleet):
+    """The OOM killer's SIGKILL of one rank: no node is cordoned or replaced,
+    the gang relaunches on the same nodes, charged to the `process` class."""
+    cluster = fleet.cluster()
+    job = fleet.submit(cluster, max_steps=400, step_sleep_s=0.1)
+    attempt = fleet.wait("attempt 1 running", running(job, 1, 3), job=job)
+    placed = list(attempt.placements.order_by("node_rank").values_list("node__name", flat=True))
+    node = attempt.placements.get(node_rank=1).node
+    fleet.provider(cluster).inject_fault(pool_info(node.pool), node.name, "kill_rank")
+    second = fleet.wait("attempt 2 running", running(job, 2), job=job, timeout=150)
+    attempt.refresh_from_db()
+    assert attempt.failure_class == "process"
+    assert list(second.placements.order_by("node_rank")
+                .values_list("node__name", flat=True)) == placed
+    assert refreshed(node).state == Node.State.READY and not node.is_spare
+    kinds = set(job.events.values_list("kind", flat=True))
+    assert "RankDied" in kinds and not {"NodeCordoned", "NodeReplaced"} & kinds
+    assert job.events.get(kind="Restarting").evidence["class"] == "process"
+    assert not NodeEvent.objects.filter(node__cluster=cluster,
+                                        reason__startswith="promoted from the spare").exists()
     cancel_and_wait(fleet, job)
 
 

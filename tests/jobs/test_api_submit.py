@@ -83,7 +83,7 @@ def test_it_keeps_the_given_storage_uri_and_defaults(api, owner, cluster, settin
     job = TrainingJob.objects.get(pk=resp.data["id"])
     assert job.storage_uri == "s3://bucket-a/runs/vision/gpt"
     assert job.restart_budgets == {"code": 0, "transient": 3, "hardware": 5, "preempted": 10,
-                                   "hang": 3}
+                                   "hang": 3, "process": 3}
     assert (job.budget_reset_steps, job.budget_reset_minutes) == (1000, 60)
 
 

@@ -99,6 +99,8 @@ def node_process(pod: dict, rank: int, fallback_node: str) -> NodeProcess:
         # process was killed from outside, which the protocol calls hardware.
         signal = _SIGKILL
         tail = f"{status.get('reason', 'Failed')}: {status.get('message', '')}".strip(": ")
+        return NodeProcess(node=node, node_rank=rank, running=running, exit_code=exit_code,
+                           signal=signal, log_tail=tail[-4000:], node_lost=tail[:300])
     return NodeProcess(node=node, node_rank=rank, running=running, exit_code=exit_code,
                        signal=signal, log_tail=tail[-4000:])
 

@@ -1,5 +1,6 @@
 """Operators' fault injection on the local fleet: kill, hang, XID, spot notice,
-preflight failure; and killing one rank, for the end-to-end tests."""
+preflight failure, one rank killed (the OOM killer's way); and killing a rank
+of an attempt by its number, for the end-to-end tests."""
 
 from __future__ import annotations
 
@@ -24,6 +25,18 @@ def kill_node(fleet: Path, node: str) -> dict:
     procs.wait_gone(found, 5.0, interval=0.02)
     return {"fault": FaultKind.KILL, "node": node, "signal": signal.SIGKILL.value,
             "pids": sorted(killed)}
+
+
+def kill_one_rank(fleet: Path, node: str) -> dict:
+    """SIGKILL the node's lowest rank and nothing else, as the OOM killer
+    does: the node stays up, its torchrun reports the rank's signal."""
+    ranks = sorted(procs.top_ranks(procs.scan(fleet=str(fleet), node=node)),
+                   key=lambda p: p.rank)
+    if not ranks:
+        raise PermanentError(f"no rank runs on {node}")
+    procs.send(ranks[:1], signal.SIGKILL)
+    return {"fault": FaultKind.KILL_RANK, "node": node, "signal": signal.SIGKILL.value,
+            "rank": ranks[0].rank, "pids": [ranks[0].pid]}
 
 
 def hang_node(fleet: Path, node: str) -> dict:

@@ -168,6 +168,10 @@ class LocalProvider:
     def inject_fault(self, pool: PoolInfo, node: str, kind: str) -> dict:
         if kind not in FaultKind.ALL:
             raise PermanentError(f"unknown fault {kind!r}; one of {', '.join(FaultKind.ALL)}")
+        if kind == FaultKind.KILL_RANK:
+            with self.book.edit() as data:
+                self._node(data, pool, node)  # a node of this pool, still in it
+            return faults.kill_one_rank(self.root, node)
         with self.book.edit() as data:
             entry = self._node(data, pool, node)
             if kind in (FaultKind.XID, FaultKind.SPOT_NOTICE):

@@ -23,6 +23,7 @@ from tests.fleet_helpers import (
     memory_cluster,
     nodes_of,
     provider_of,
+    report_not_ready,
     submit,
     team_with_quota,
     write_checkpoint,
@@ -86,8 +87,8 @@ def test_six_node_kills_with_spares_do_not_fail_the_job_and_are_charged_to_the_n
 
 
 def test_a_job_that_keeps_failing_on_fresh_nodes_is_charged_from_the_third(spares_cluster):
-    """Ranks killed with nothing from the fleet to confirm a node fault (the
-    OOM killer looks like this), each time on a node that never failed."""
+    """Nodes that went with no health event to confirm a node fault (the
+    provider only reports them not ready), each time a node that never failed."""
     team = team_with_quota(spares_cluster)
     now = timezone.now()
     job = submit(spares_cluster, team)
@@ -98,6 +99,7 @@ def test_a_job_that_keeps_failing_on_fresh_nodes_is_charged_from_the_third(spare
         attempt = run_to(job, 5, t)
         bad = nodes_of(attempt)[0]
         assert bad.failure_count == 0  # fresh
+        report_not_ready(spares_cluster, bad)
         provider_of(spares_cluster).exit_node(attempt.provider_ref, bad.name, signal=9)
         reconcile_job(job.id, later(t, 2))
         job.refresh_from_db()
@@ -120,6 +122,7 @@ def test_a_kill_on_a_node_with_a_failure_history_breaks_the_fresh_streak(spares_
         bad = nodes_of(attempt)[0]
         if n == 2:  # this one has failed before: it, not the job, is suspect
             Node.objects.filter(pk=bad.pk).update(failure_count=3)
+        report_not_ready(spares_cluster, bad)
         provider_of(spares_cluster).exit_node(attempt.provider_ref, bad.name, signal=9)
         reconcile_job(job.id, later(t, 2))
         job.refresh_from_db()

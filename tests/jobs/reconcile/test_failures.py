@@ -20,6 +20,7 @@ from tests.fleet_helpers import (
     memory_cluster,
     nodes_of,
     provider_of,
+    report_not_ready,
     submit,
     team_with_quota,
     write_checkpoint,
@@ -57,6 +58,7 @@ def test_it_replaces_a_node_whose_ranks_were_killed_and_resumes_from_the_checkpo
     heartbeat(attempt, 14, later(now, 8))
     bad, good = nodes_of(attempt)
     provider = provider_of(mem_cluster)
+    report_not_ready(mem_cluster, bad)  # the node went, not only its ranks
     provider.exit_node(attempt.provider_ref, bad.name, exit_code=1, signal=9, log_tail="Killed")
     provider.exit_node(attempt.provider_ref, good.name, exit_code=1,
                        ranks=({"rank": 2, "exit_code": 84, "failure_class": "transient"},
@@ -230,7 +232,8 @@ def test_a_transient_exit_waits_for_the_root_cause_before_it_is_classified(mem_c
     provider.exit_node(attempt.provider_ref, bad.name, signal=9)
     reconcile_job(job.id, later(now, 3))
     job.refresh_from_db()
-    assert job.restart_counts == {"hardware": 1}
+    # The killed rank is the root cause; its node is healthy: in place.
+    assert job.restart_counts == {"process": 1}
 
 
 def test_a_rank_without_an_exit_record_beside_its_peers_84_was_killed(mem_cluster, team):
@@ -247,12 +250,14 @@ def test_a_rank_without_an_exit_record_beside_its_peers_84_was_killed(mem_cluste
     job.refresh_from_db()
     bad.refresh_from_db()
     good.refresh_from_db()
-    assert job.restart_counts == {"hardware": 1}
-    assert bad.state == Node.State.REPLACED and good.state == Node.State.READY
+    # No sign from the node itself: a rank death, relaunched in place
+    # (tests/jobs/reconcile/test_rank_death.py).
+    assert job.restart_counts == {"process": 1}
+    assert bad.state == Node.State.READY and good.state == Node.State.READY
 
 
 def test_a_spent_budget_fails_the_job_and_says_which_budget(mem_cluster, team):
-    """A kill on a fresh node with nothing from the fleet to confirm it is
+    """A lost fresh node with no health event to confirm it is
     forgiven twice; the third in a row is the job's (jobs/reconcile/budgets.py)."""
     now = timezone.now()
     job, attempt = running_job(mem_cluster, team, now,
@@ -262,6 +267,7 @@ def test_a_spent_budget_fails_the_job_and_says_which_budget(mem_cluster, team):
         attempt = job.attempts.order_by("-number").first()
         heartbeat(attempt, 5 + n, later(now, 2 + 2 * n))
         bad = nodes_of(attempt)[0]
+        report_not_ready(mem_cluster, bad)
         provider_of(mem_cluster).exit_node(attempt.provider_ref, bad.name, signal=9)
         reconcile_job(job.id, later(now, 3 + 2 * n))
         job.refresh_from_db()

@@ -18,6 +18,7 @@ from tests.fleet_helpers import (
     memory_cluster,
     nodes_of,
     provider_of,
+    report_not_ready,
     submit,
     team_with_quota,
     write_checkpoint,
@@ -43,6 +44,7 @@ def kill_and_relaunch(cluster, job, attempt, now):
     reconcile_job(job.id, later(now, 1))
     write_checkpoint(job, 4, attempt, created_at=later(now, 2))
     bad, good = nodes_of(attempt)
+    report_not_ready(cluster, bad)
     provider_of(cluster).exit_node(attempt.provider_ref, bad.name, signal=9, log_tail="Killed")
     reconcile_job(job.id, later(now, 10))
     job.refresh_from_db()

@@ -1,0 +1,87 @@
+"""The two ways a pool ran over its size in chaos (issue 29), each as the
+passes met it: one failure takes one spare, the pre-checked one, naming the
+node it replaces; a spare that fails is replaced as a spare."""
+
+import pytest
+from django.utils import timezone
+
+from clusters.models import Node
+from clusters.providers import pool_info
+from clusters.reconcile import reconcile_cluster
+from jobs.reconcile import reconcile_job
+from tests.clusters.spare_invariants import PoolWatch
+from tests.fleet_helpers import (
+    heartbeat,
+    later,
+    launch,
+    lose_node,
+    memory_cluster,
+    nodes_of,
+    provider_of,
+    submit,
+    team_with_quota,
+)
+
+pytestmark = pytest.mark.usefixtures("fleet_dirs")
+
+SIZE = 4
+
+
+def test_a_node_reported_failed_before_its_job_claims_it_takes_one_spare(db):
+    """Path (a): the cluster pass sees the provider report the node failed
+    and fills its slot; the job's pass then claims the node and must take
+    no second spare."""
+    cluster = memory_cluster(size=SIZE, spares=2)
+    pool = cluster.pools.get()
+    checked = Node.objects.get(pool=pool, is_spare=True, preflight_passed_at__isnull=False)
+    job = submit(cluster, team_with_quota(cluster))
+    now = timezone.now()
+    launch(job, now)
+    first = job.attempts.get()
+    heartbeat(first, 3, later(now, 1))
+    victim = nodes_of(first)[0]
+    watch = PoolWatch(pool)
+
+    lose_node(cluster, victim, first.provider_ref)
+    reconcile_cluster(cluster.id, later(now, 2))
+    watch.check("the cluster pass")
+    reconcile_job(job.id, later(now, 3))
+    watch.check("the job pass")
+    reconcile_cluster(cluster.id, later(now, 4))
+    watch.check("the next cluster pass")
+
+    victim.refresh_from_db()
+    assert victim.state == Node.State.REPLACED
+    assert list(Node.objects.filter(replaces=victim)) == [checked]
+    assert len(watch.working()) == SIZE
+    second = job.attempts.get(number=2)
+    assert checked in nodes_of(second)
+    replaced = job.events.get(kind="NodeReplaced")
+    assert replaced.evidence["new"] == checked.name
+
+
+def test_a_spot_notice_on_an_idle_spare_replaces_it_as_a_spare(db):
+    """Path (b): the notice claims the spare; nothing joins the working set."""
+    cluster = memory_cluster(size=SIZE, spares=2)
+    pool = cluster.pools.get()
+    spare, other = Node.objects.filter(pool=pool, is_spare=True).order_by("name")
+    watch = PoolWatch(pool)
+    working = watch.working()
+    now = timezone.now()
+
+    provider_of(cluster).signal(pool_info(pool), spare.name, "spot_notice", severity="warning",
+                                evidence={"action": "terminate",
+                                          "time": later(now, 120).timestamp()})
+    reconcile_cluster(cluster.id, now)
+    watch.check("the cluster pass")
+    reconcile_cluster(cluster.id, later(now, 1))
+    watch.check("the next cluster pass")
+
+    spare.refresh_from_db()
+    other.refresh_from_db()
+    assert spare.state == Node.State.REPLACED and spare.is_spare
+    assert other.is_spare and other.state == Node.State.READY
+    assert watch.working() == working
+    assert not Node.objects.filter(replaces=spare).exists()
+    # The provider's new machine joined as a spare: the pool keeps two.
+    assert Node.objects.filter(pool=pool, is_spare=True, state="ready").count() == 2
