@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import collections
 import http.client
+import itertools
 import json
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -69,6 +71,11 @@ class Reporter(NullReporter):
         # Batch ids name the job and attempt too, so two attempts' batches
         # never share an id in a log or a proxy's cache.
         self._batch_prefix = f"j{job_id or '?'}-a{attempt_id}-r{rank}"
+        # Each event's idempotency key: a resent event (its reply lost to a
+        # timeout or a restarting web) is stored once. The random part keeps
+        # two reporters of one rank apart (`report_once` runs its own).
+        self._key_prefix = f"{self._batch_prefix}-{os.urandom(4).hex()}"
+        self._event_seq = itertools.count()
         self.interval = heartbeat_interval_s
         self.gpu_stats = gpu_stats or (lambda: None)
         self.max_metrics = max_metrics
@@ -122,7 +129,8 @@ class Reporter(NullReporter):
 
     def event(self, kind: str, message: str = "", data: dict | None = None) -> None:
         self._urgent(("events", {"kind": kind, "rank": self.rank, "message": message,
-                                 "data": data or {}, "job_id": self.job_id}))
+                                 "data": data or {}, "job_id": self.job_id,
+                                 "key": f"{self._key_prefix}-{next(self._event_seq)}"}))
 
     def checkpoint(self, payload: dict) -> None:
         self._urgent(("checkpoints", {**payload, "job_id": self.job_id}))
@@ -263,7 +271,9 @@ class Reporter(NullReporter):
                 "kind": "reports_dropped", "rank": self.rank, "job_id": self.job_id,
                 "message": "reporting buffer overflowed while the control plane was away: "
                            + ", ".join(f"{n} {what}" for what, n in sorted(totals.items())),
-                "data": totals})
+                "data": totals,
+                # Running totals only grow: the same totals are the same report.
+                "key": f"{self._key_prefix}-dropped-{sum(totals.values())}"})
             self._dropped_reported = totals
         while (batch := self._take_metric_batch()) is not None:
             self._post("metrics", batch)
