@@ -8,6 +8,20 @@ from rest_framework import serializers
 
 from controlplane.lib.validation import finite_number
 
+# Every worker body may say which job it is about (the trainer sends it);
+# when it does, it must be this attempt's job.
+JOB_ID = "job_id"
+
+
+def body_fields(data: dict, known: tuple[str, ...], job_id, attempt_id) -> Fields:
+    """A worker body's reader: refuses fields not in `known` (naming them)
+    and a `job_id` that is not the attempt's job."""
+    f = Fields(data, known=(*known, JOB_ID))
+    sent = f.data.get(JOB_ID)
+    if sent not in (None, "") and str(sent) != str(job_id):
+        f.errors[JOB_ID] = [f"Attempt {attempt_id} belongs to job {job_id}."]
+    return f
+
 
 class Fields:
     """Collects field errors while reading a JSON object; with `known`, a

@@ -21,7 +21,8 @@ from django.utils import timezone
 from controlplane.lib import runner
 from controlplane.lib.reconcile import Result
 
-from .. import checkpoint_interval, evals, goodput, scheduling
+from .. import checkpoint_interval, evals, goodput, scheduling, undelivered
+from ..checkpointing import open_job_storage
 from ..models import NO_HEARTBEATS, JobAttempt, Phase, RankStatus, TrainingJob
 from . import evict, failures, finish, launch, preempt, waiting
 from .common import Ctx
@@ -154,6 +155,11 @@ def _watch(ctx: Ctx) -> Result:
     if attempt.state == JobAttempt.State.PREFLIGHT:
         return launch.start(ctx)
     status = ctx.provider.observe(attempt.provider_ref)
+    if status.state in ("succeeded", "failed"):
+        # Before the end is judged: the final checkpoint's report or the
+        # `finished` event may be among what the ranks could not deliver.
+        undelivered.collect(attempt, open_job_storage(job.parent if job.is_eval else job),
+                            now)
     _progress(ctx, attempt, status)
     # Before detect: a victim's exit 83 after its checkpoint is what it was
     # asked for, not a failure.

@@ -13,12 +13,10 @@ from accounts.authentication import ApiTokenAuthentication
 
 from ..models import JobAttempt
 from ..worker_auth import IsAttemptWorker, WorkerTokenAuthentication
-from ..worker_fields import Fields
+from ..worker_fields import JOB_ID, Fields, body_fields
 from ..worker_tokens import Claim
 
-# Every worker body may say which job it is about (the trainer sends it);
-# when it does, it must be this attempt's job.
-JOB_ID = "job_id"
+__all__ = ["JOB_ID", "Fields", "WorkerView"]
 
 
 class WorkerView(APIView):
@@ -52,9 +50,4 @@ class WorkerView(APIView):
     def fields(self, known: tuple[str, ...]) -> Fields:
         """The body's reader: refuses fields not in `known` (naming them) and
         a `job_id` that is not this attempt's job."""
-        f = Fields(self.body(), known=(*known, JOB_ID))
-        job_id = f.data.get(JOB_ID)
-        claim = self.claim
-        if job_id not in (None, "") and str(job_id) != str(claim.job_id):
-            f.errors[JOB_ID] = [f"Attempt {claim.attempt_id} belongs to job {claim.job_id}."]
-        return f
+        return body_fields(self.body(), known, self.claim.job_id, self.claim.attempt_id)
