@@ -6,14 +6,26 @@ import socket
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 from regatta.reporting import Reporter
 from regatta.spool import storage_handoff
 
 from checkpoints.models import Checkpoint
 from jobs.checkpointing import open_job_storage
-from jobs.models import JobEvent, MetricPoint
+from jobs.models import JobEvent, MetricPoint, Phase, TrainingJob
+from jobs.reconcile import reconcile_job
 from jobs.undelivered import collect
 from tests.api_factories import make_attempt, make_job, worker_client
+from tests.fleet_helpers import (
+    kinds,
+    later,
+    launch,
+    memory_cluster,
+    provider_of,
+    submit,
+    team_with_quota,
+    write_checkpoint,
+)
 
 
 def dead_url() -> str:
@@ -28,7 +40,7 @@ def job(team, cluster, owner, tmp_path):
     return make_job(team, cluster, owner, phase="running", storage_uri=str(tmp_path / "ckpt"))
 
 
-def run_with_the_web_down(job, attempt, token, steps=120) -> Reporter:
+def run_with_the_web_down(job, attempt, token, steps=120, manifest_sha256="ab" * 32) -> Reporter:
     """A rank's whole run while the web is away: it exits with everything
     undelivered and hands it off."""
     reporter = Reporter(dead_url(), token, str(attempt.pk), rank=0, node="cpu-a-0",
@@ -38,8 +50,8 @@ def run_with_the_web_down(job, attempt, token, steps=120) -> Reporter:
     reporter.event("started", "fresh start", {"world_size": 1})
     for step in range(1, steps + 1):
         reporter.metric("loss", step, 3.0 - step / 100)
-    reporter.checkpoint({"step": steps, "uri": f"{job.storage_uri}/step-{steps}", "bytes": 10,
-                         "manifest_sha256": "ab" * 32, "save_seconds": 0.1,
+    reporter.checkpoint({"step": steps, "uri": f"file://{job.storage_uri}/step-{steps}",
+                         "bytes": 10, "manifest_sha256": manifest_sha256, "save_seconds": 0.1,
                          "blocking_seconds": 0.01, "emergency": False, "request_id": ""})
     reporter.event("finished", f"finished at step {steps}", {"step": steps})
     reporter.close(timeout_s=0.5)
@@ -117,3 +129,32 @@ def test_another_attempts_file_is_left_in_place_and_a_bad_item_is_refused(job, t
     assert done.files == 1 and done.refused["items"] == 1
     assert MetricPoint.objects.filter(attempt=other).count() == 3
     assert JobEvent.objects.filter(attempt=other, kind="TrainerFinished").exists()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.django_db(transaction=True)
+def test_a_job_whose_end_the_web_missed_succeeds_from_what_its_ranks_handed_off(
+        fleet_dirs, tmp_path):
+    # The web was away while the program finished: its final checkpoint is
+    # on disk, but the report of it and the `finished` event are only in the
+    # file the rank left. The attempt's end is judged after collecting it.
+    cluster = memory_cluster()
+    job = submit(cluster, team_with_quota(cluster), entrypoint=["/opt/code/train.py"],
+                 hyperparameters={"steps": 40}, storage_uri=str(tmp_path / "ckpt"),
+                 completion=TrainingJob.Completion.CHECKPOINT)
+    now = timezone.now()
+    launch(job, now)
+    attempt = job.attempts.get()
+    sha = write_checkpoint(job, 40, attempt).manifest_sha256
+    Checkpoint.objects.filter(job=job).delete()  # never reported
+    run_with_the_web_down(job, attempt, attempt.issue_token(), steps=40, manifest_sha256=sha)
+    provider_of(cluster).finish(attempt.provider_ref)
+
+    reconcile_job(job.id, later(now, 5))
+
+    job.refresh_from_db()
+    assert job.phase == Phase.SUCCEEDED, kinds(job)
+    assert "FinalCheckpointMissing" not in kinds(job)
+    assert JobEvent.objects.get(job=job, kind="Succeeded").evidence["checkpoint_step"] == 40
+    assert kinds(job).count("TrainerFinished") == 1
+    assert MetricPoint.objects.filter(attempt=attempt).count() == 40
