@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 
 from regatta.spool import FORMAT
@@ -30,6 +31,7 @@ from .profiling import record_trace
 from .worker_fields import body_fields
 
 log = logging.getLogger(__name__)
+ATTEMPT_FOLDER = re.compile(r"^reports/attempt-(\d+)/")
 
 
 @dataclass
@@ -70,6 +72,16 @@ def collect(attempt: JobAttempt, storage, now=None) -> Collected:
         done.stored.update({k: v for k, v in counts.items() if k != "refused"})
         done.refused["items"] += counts["refused"]
     return done
+
+
+def collect_ended(job, storage, now=None) -> None:
+    """What ranks of the job's ended attempts left after their attempt's end
+    was judged (a rank stopped after another failed hands off as it exits)."""
+    ids = {int(m.group(1)) for key in storage.list_keys("reports/")
+           if (m := ATTEMPT_FOLDER.match(key))}
+    if ids:
+        for attempt in JobAttempt.objects.filter(job=job, pk__in=ids, ended_at__isnull=False):
+            collect(attempt, storage, now)
 
 
 def _event_key(attempt: JobAttempt, key: str) -> str:

@@ -158,3 +158,27 @@ def test_a_job_whose_end_the_web_missed_succeeds_from_what_its_ranks_handed_off(
     assert JobEvent.objects.get(job=job, kind="Succeeded").evidence["checkpoint_step"] == 40
     assert kinds(job).count("TrainerFinished") == 1
     assert MetricPoint.objects.filter(attempt=attempt).count() == 40
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.django_db(transaction=True)
+def test_what_a_rank_left_after_its_attempt_ended_is_collected_by_the_next_attempt(
+        fleet_dirs, tmp_path):
+    cluster = memory_cluster()
+    job = submit(cluster, team_with_quota(cluster), entrypoint=["/opt/code/train.py"],
+                 hyperparameters={"steps": 40}, storage_uri=str(tmp_path / "ckpt"))
+    now = timezone.now()
+    launch(job, now)
+    first = job.attempts.get()
+    node = first.placements.order_by("node_rank").first().node.name
+    provider_of(cluster).exit_node(first.provider_ref, node, exit_code=84)
+    reconcile_job(job.id, later(now, 5))
+    first.refresh_from_db()
+    assert first.ended_at is not None and job.attempts.count() == 2
+    # The other node's rank, stopped once the attempt had ended, hands off late.
+    run_with_the_web_down(job, first, first.issue_token(), steps=10)
+
+    reconcile_job(job.id, later(now, 60))
+
+    assert MetricPoint.objects.filter(attempt=first).count() == 10
+    assert kinds(job).count("TrainerFinished") == 1 and handed_off(job) == []
