@@ -3,6 +3,7 @@ in bounded memory, then on local disk, and at exit in the job's storage
 (regatta/spool.py). A real HTTP server answers 503 while "down"."""
 
 import json
+import socket
 import time
 from pathlib import Path
 
@@ -133,3 +134,24 @@ def test_nothing_is_handed_off_when_everything_was_delivered(control_plane, tmp_
 
     assert reporter.handed_off_to is None and not list(tmp_path.rglob("*.jsonl"))
     assert len(control_plane.of_kind("events", True)) == 2
+
+
+def test_a_runs_reporter_leaves_what_it_could_not_deliver_in_the_launchs_checkpoint_uri(
+        tmp_path):
+    # How regatta.init wires its reporter: from the launch contract alone.
+    from regatta import reporting
+    from regatta.launch import Launch
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"  # nothing listens: the web is down
+    launch = Launch.from_env({"REGATTA_URL": dead, "REGATTA_TOKEN": "rgw_test",
+                              "REGATTA_JOB_ID": "3", "REGATTA_ATTEMPT_ID": "7",
+                              "REGATTA_CHECKPOINT_URI": f"file://{tmp_path}/ckpt"})
+    reporter = reporting.from_env(launch.env(), 0, 0.1)
+    reporter.start()
+    reporter.event("finished", "finished at step 3", {"step": 3})
+    reporter.close(timeout_s=0.5)
+
+    (left,) = (tmp_path / "ckpt" / "reports" / "attempt-7").glob("rank-0-*.jsonl")
+    assert '"kind": "finished"' in left.read_text()
