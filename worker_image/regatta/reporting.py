@@ -247,8 +247,8 @@ class Reporter(NullReporter):
                     items = [queue.memory.popleft()
                              for _ in range(len(queue.memory) - queue.bound // 2)]
                 # A deferred value is old by now: its copy to the host has landed.
-                for _, body in items:
-                    if "value" in body and not isinstance(body["value"], float):
+                for _, body in items if queue is self.metrics else ():
+                    if not isinstance(body["value"], float):
                         body["value"] = float(body["value"].get())
                 dropped = queue.spill(items)
                 if dropped:
