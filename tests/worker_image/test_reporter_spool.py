@@ -155,3 +155,22 @@ def test_a_runs_reporter_leaves_what_it_could_not_deliver_in_the_launchs_checkpo
 
     (left,) = (tmp_path / "ckpt" / "reports" / "attempt-7").glob("rank-0-*.jsonl")
     assert '"kind": "finished"' in left.read_text()
+
+
+def test_after_an_outage_the_rank_is_heard_from_within_one_heartbeat_interval(control_plane):
+    # A web restart must not outlast the control plane's heartbeat deadline
+    # because the rank backed off past it.
+    web = down_until_up(control_plane)
+    reporter = Reporter(control_plane.url, "rgw_test", "7", rank=0, node="local-a-0",
+                        heartbeat_interval_s=1.0, job_id="3")
+    reporter.start()
+    try:
+        time.sleep(8.0)  # the web is away
+        web["up"] = True
+        back = time.time()
+        wait_until(lambda: control_plane.of_kind("heartbeat", accepted_only=True))
+    finally:
+        reporter.close()
+
+    heard = control_plane.of_kind("heartbeat", accepted_only=True)[0]["time"]
+    assert heard - back < 1.5

@@ -32,6 +32,7 @@ import itertools
 import json
 import logging
 import os
+import random
 import threading
 import time
 from typing import Any
@@ -41,7 +42,13 @@ from .transport import Http
 
 log = logging.getLogger("regatta.reporting")
 
+# Retries back off to at most one heartbeat interval (within these bounds):
+# a rank never retries more often than it beats anyway, and the control
+# plane hears from it within one interval of coming back, long before its
+# heartbeat deadline (a 30 s backoff after a one-minute web restart read as
+# a hang).
 MAX_BACKOFF_S = 30.0
+MIN_MAX_BACKOFF_S = 1.0
 METRICS_PER_BATCH = 500
 
 
@@ -122,6 +129,7 @@ class Reporter(NullReporter):
         self._thread = threading.Thread(target=self._run, name="regatta-reporter", daemon=True)
         self._next_heartbeat = 0.0
         self._backoff = 0.0
+        self._max_backoff = min(MAX_BACKOFF_S, max(MIN_MAX_BACKOFF_S, heartbeat_interval_s))
         self._retry_at = 0.0
         self.sent = collections.Counter()
 
@@ -222,11 +230,12 @@ class Reporter(NullReporter):
                     self._drain()
                     self._backoff = 0.0
                 except (OSError, http.client.HTTPException, ValueError) as exc:
-                    self._backoff = min(MAX_BACKOFF_S, max(0.5, self._backoff * 2))
+                    self._backoff = min(self._max_backoff, max(0.5, self._backoff * 2))
                     if stopping:
                         # `close` bounds the wait: try again soon within it.
                         self._backoff = min(self._backoff, 1.0)
-                    self._retry_at = time.monotonic() + self._backoff
+                    # Jitter: a fleet's ranks do not all come back in one instant.
+                    self._retry_at = time.monotonic() + self._backoff * random.uniform(0.8, 1.0)
                     log.debug("control plane unreachable (%s); retry in %.1fs", exc, self._backoff)
             if self._handed_off or (
                     stopping and not self.pending() and not self._drops_unreported()):
