@@ -10,6 +10,7 @@ COPY accounts ./accounts
 COPY clusters ./clusters
 COPY jobs ./jobs
 COPY checkpoints ./checkpoints
+COPY notifications ./notifications
 COPY frontend ./frontend
 COPY cli ./cli
 COPY manage.py ./

@@ -52,6 +52,11 @@ def exported_files(manifest: dict) -> tuple[str, dict[str, dict]]:
     return ("dcp" if ".metadata" in files else "files"), whole
 
 
+def has_model(storage, step: int) -> bool:
+    """Whether step-N carries the consolidated model (`export/model.pt`)."""
+    return exported_files(storage.read_manifest(step) or {})[0] == "torch"
+
+
 def export_final(job, checkpoint, storage, now) -> ModelArtifact:
     """Idempotent: the job's artifact is made once, whoever asks again.
     Raises ExportError (or a storage error) when it cannot be made."""

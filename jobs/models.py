@@ -297,12 +297,13 @@ class TrainingJob(models.Model):
             )
 
     def record(self, kind: str, message: str = "", *, actor: str = "reconciler",
-               evidence=None, attempt=None, now=None) -> "JobEvent":
-        """Write a timeline event that does not change the phase."""
+               evidence=None, attempt=None, now=None, key: str | None = None) -> "JobEvent":
+        """Write a timeline event that does not change the phase. A `key`
+        already stored for this job raises IntegrityError."""
         return JobEvent.objects.create(
             job=self, attempt=attempt, kind=kind, message=message, actor=actor,
             evidence=evidence or {}, from_phase=self.phase, to_phase=self.phase,
-            created_at=event_time(now),
+            created_at=event_time(now), key=key or None,
         )
 
     def request_cancel(self, actor: str, now=None) -> bool:
@@ -614,11 +615,19 @@ class JobEvent(models.Model):
     from_phase = models.CharField(max_length=12, blank=True)
     to_phase = models.CharField(max_length=12, blank=True)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    # A worker's own name for the event (docs/trainer-protocol.md): a rank
+    # resends an event whose reply it never got, and the collection of
+    # undelivered reports may bring one the web already stored; each is
+    # stored once per key.
+    key = models.CharField(max_length=100, null=True, blank=True)
 
     class Meta:
         ordering = ["created_at", "id"]
         # A job's timeline page by cursor.
         indexes = [models.Index(fields=["job", "created_at", "id"], name="event_job_page_idx")]
+        constraints = [models.UniqueConstraint(
+            fields=["job", "key"], condition=models.Q(key__isnull=False),
+            name="event_job_key_uniq")]
 
     def __str__(self):
         return f"{self.job_id} {self.kind}"

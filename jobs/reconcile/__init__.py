@@ -22,7 +22,9 @@ from controlplane.lib import runner
 from controlplane.lib.reconcile import Result
 from jobs import admission, evals, goodput
 from jobs.checkpointing import interval as checkpoint_interval
+from jobs.checkpointing import open_job_storage
 from jobs.reconcile import drain, failures, finish, launch, preemption, rank_death, waiting
+from jobs.worker_api import undelivered
 
 from ..models import NO_HEARTBEATS, JobAttempt, Phase, RankStatus, TrainingJob
 from .common import Ctx
@@ -32,6 +34,7 @@ __all__ = ["JOBS", "due_job_ids", "reconcile_job", "reconcile_job_locked"]
 
 # With nothing asked, a live job is still looked at this often (the safety net).
 IDLE_REQUEUE_S = 60.0
+STRAGGLERS_FOR = timedelta(minutes=10)
 
 
 def due_job_ids(now, limit: int = 10_000) -> list[int]:
@@ -155,6 +158,7 @@ def _watch(ctx: Ctx) -> Result:
     if attempt.state == JobAttempt.State.PREFLIGHT:
         return launch.start(ctx)
     status = ctx.provider.observe(attempt.provider_ref)
+    _collect_undelivered(ctx, attempt, status)
     _progress(ctx, attempt, status)
     # Before detect: a victim's exit 83 after its checkpoint is what it was
     # asked for, not a failure.
@@ -188,6 +192,24 @@ def _watch(ctx: Ctx) -> Result:
         return _relaunch_now(ctx, result)
     checkpoint_interval.refresh(job)
     return Result.after(ctx.config.observe_interval_s, "watching")
+
+
+def _collect_undelivered(ctx: Ctx, attempt: JobAttempt, status) -> None:
+    """What ranks handed off instead of delivering (jobs/worker_api/undelivered.py)."""
+    job = ctx.job
+    ended = status.state in ("succeeded", "failed")
+    # Ranks of the attempt before this one, stopped after its end was
+    # judged, hand off as they exit: looked for while this one is young.
+    after_restart = attempt.number > 1 and attempt.created_at >= ctx.now - STRAGGLERS_FOR
+    if not (ended or after_restart):
+        return
+    storage = open_job_storage(job.parent if job.is_eval else job)
+    if ended:
+        # Before the end is judged: the final checkpoint's report or the
+        # `finished` event may be among what the ranks could not deliver.
+        undelivered.collect(attempt, storage, ctx.now)
+    if after_restart:
+        undelivered.collect_ended(job, storage, ctx.now)
 
 
 def _relaunch_now(ctx: Ctx, result: Result) -> Result:

@@ -13,7 +13,7 @@ exits 0.
 
 from __future__ import annotations
 
-from checkpoints.export import export_final
+from checkpoints.export import export_final, has_model
 from checkpoints.models import Checkpoint
 from controlplane.lib.reconcile import Result
 from jobs import admission, evals, goodput
@@ -64,6 +64,8 @@ def succeed(ctx: Ctx, attempt: JobAttempt) -> Result:
         target = final_step(job, attempt)
         if checkpoint is None or checkpoint.step < target:
             return _final_checkpoint_missing(ctx, attempt, target, checkpoint)
+        if not job.entrypoint and not has_model(storage, checkpoint.step):
+            return _final_model_missing(ctx, attempt, checkpoint)
     if checkpoint is not None:
         export(ctx, attempt, checkpoint, storage)
     step = max(attempt.last_step, checkpoint.step if checkpoint is not None else 0)
@@ -128,6 +130,20 @@ def _final_checkpoint_missing(ctx: Ctx, attempt: JobAttempt, target: int,
                 "newest_verified_step": newest.step if newest is not None else None,
                 "unusable": unusable}
     job.record("FinalCheckpointMissing", reason, attempt=attempt, now=now, evidence=evidence)
+    return handle(ctx, attempt, Failure(FailureClass.TRANSIENT, reason, exit_code=0,
+                                        evidence=evidence, replace=False))
+
+
+def _final_model_missing(ctx: Ctx, attempt: JobAttempt, final: Checkpoint) -> Result:
+    """The built-in trainer's final checkpoint has no `export/` model (an
+    emergency checkpoint at the last step, by a trainer that predates the
+    rule): the job's artifact is always the model, never a raw DCP folder,
+    so the ranks resume at that step, where a finish saves it again with
+    the model (worker_image/regatta/run.py, `checkpoint(..., export=)`)."""
+    reason = (f"the ranks exited 0 but the final checkpoint (step {final.step}) has no "
+              "exported model; resuming at it to export the model")
+    evidence = {"step": final.step, "uri": final.uri, "emergency": final.emergency}
+    ctx.job.record("FinalModelMissing", reason, attempt=attempt, now=ctx.now, evidence=evidence)
     return handle(ctx, attempt, Failure(FailureClass.TRANSIENT, reason, exit_code=0,
                                         evidence=evidence, replace=False))
 

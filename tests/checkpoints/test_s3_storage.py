@@ -229,3 +229,29 @@ def test_bad_storage_settings_are_permanent(settings, key):
 def test_a_uri_of_an_unknown_scheme_is_permanent():
     with pytest.raises(PermanentError, match="gs"):
         open_uri("gs://bucket/prefix")
+
+
+def test_reports_a_rank_left_in_s3_are_collected_once_and_deleted(job):
+    from regatta import spool
+
+    from jobs.models import MetricPoint
+    from jobs.worker_api.undelivered import collect
+    from tests.api_factories import make_attempt
+
+    attempt, _ = make_attempt(job)
+    storage = open_job_storage(job)
+    points = [{"rank": 0, "name": "loss", "step": s, "value": 1.0 / s} for s in range(1, 11)]
+    items = [("events", {"kind": "finished", "rank": 0, "data": {"step": 10}, "key": "k-1"}),
+             ("metrics", {"batch_id": "b-0", "job_id": str(job.pk), "points": points})]
+    key = spool.handoff_key(str(attempt.pk), 0, "abcd")
+    storage.write_bytes(key, spool.handoff_bytes(
+        {"job_id": str(job.pk), "attempt_id": str(attempt.pk), "rank": 0}, items))
+    storage.write_bytes("reports/elsewhere.txt", b"not ours")
+
+    assert storage.list_keys(f"reports/attempt-{attempt.pk}/") == [key]
+    assert collect(attempt, storage).files == 1
+    assert collect(attempt, storage).files == 0
+
+    assert MetricPoint.objects.filter(attempt=attempt).count() == 10
+    assert JobEvent.objects.filter(job=job, kind="TrainerFinished").count() == 1
+    assert storage.list_keys("reports/") == ["reports/elsewhere.txt"]

@@ -24,7 +24,8 @@ django.setup()
 # Run as scripts beside the ranks, not imported (they import their siblings).
 SCRIPTS = {"clusters.providers.local.launcher"}
 seen = 0
-for package in ("controlplane", "accounts", "clusters", "jobs", "checkpoints", "frontend", "cli"):
+for package in ("controlplane", "accounts", "clusters", "jobs", "checkpoints", "notifications",
+                "frontend", "cli"):
     root = importlib.import_module(package)
     for info in pkgutil.walk_packages(root.__path__, package + "."):
         if info.name not in SCRIPTS:

@@ -112,3 +112,9 @@ def test_training_runs_at_full_speed_while_the_control_plane_is_slow_or_down(
     assert _training_seconds(slow.log()) < base_s * 1.5 + 1.0
     assert _training_seconds(down.log()) < base_s * 1.5 + 1.0
     assert slow_plane.of_kind("heartbeat")  # it did talk to the slow server
+    # With the control plane down to the end, rank 0 (the one that logs and
+    # sends the run's events) left what it could not deliver in the job's
+    # storage, for the control plane to collect.
+    left = {int(p.name.split("-")[1]): p.read_text()
+            for p in (tmp_path / "c" / "reports" / "attempt-7").glob("rank-*.jsonl")}
+    assert '"kind": "finished"' in left[0] and '"endpoint": "metrics"' in left[0]

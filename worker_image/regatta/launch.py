@@ -52,7 +52,8 @@ class Launch:
         )
 
     def env(self) -> dict[str, str]:
-        """The reporting part, in the shape `reporting.from_env` reads."""
+        """The reporting part, in the shape `reporting.from_env` reads (the
+        checkpoint URI is where undelivered reports are left at exit)."""
         return {"REGATTA_URL": self.url, "REGATTA_TOKEN": self.token,
                 "REGATTA_JOB_ID": self.job_id, "REGATTA_ATTEMPT_ID": self.attempt_id,
-                "REGATTA_NODE": self.node}
+                "REGATTA_NODE": self.node, "REGATTA_CHECKPOINT_URI": self.checkpoint_uri}

@@ -15,23 +15,40 @@ loss tensor never makes the training loop wait for the GPU.
 HTTP is `http.client` with one kept-alive connection per reporter (the
 worker endpoints are hit every few seconds by every rank): no `requests`, so
 the SDK adds nothing to a training image but itself.
+
+Nothing a rank reports is lost to a control plane that restarts: past the
+memory bound the oldest items move to local disk, and what is still
+undelivered when the reporter closes (after a bounded wait) is handed off
+into the job's storage, where the control plane collects it
+(regatta/spool.py). Events carry an idempotency key, so neither a retry nor
+a hand-off stores one twice.
 """
 
 from __future__ import annotations
 
 import collections
 import http.client
+import itertools
 import json
 import logging
+import os
+import random
 import threading
 import time
 from typing import Any
-from urllib.parse import urlsplit
+
+from . import spool
+from .transport import Http
 
 log = logging.getLogger("regatta.reporting")
 
-TIMEOUT_S = 5.0
+# Retries back off to at most one heartbeat interval (within these bounds):
+# a rank never retries more often than it beats anyway, and the control
+# plane hears from it within one interval of coming back, long before its
+# heartbeat deadline (a 30 s backoff after a one-minute web restart read as
+# a hang).
 MAX_BACKOFF_S = 30.0
+MIN_MAX_BACKOFF_S = 1.0
 METRICS_PER_BATCH = 500
 
 
@@ -60,32 +77,47 @@ class Reporter(NullReporter):
 
     def __init__(self, url: str, token: str, attempt_id: str, rank: int, node: str,
                  heartbeat_interval_s: float, gpu_stats=None, max_metrics: int = 10_000,
-                 max_events: int = 1_000, job_id: str = ""):
-        self.http = _Http(url, token)
+                 max_events: int = 1_000, job_id: str = "", handoff=None,
+                 max_spool_bytes: int = spool.MAX_SPOOL_BYTES):
+        self.http = Http(url, token)
         self.base = f"/api/v1/worker/attempts/{attempt_id}"
+        self.attempt_id = attempt_id
         self.rank = rank
         self.node = node
         self.job_id = job_id
         # Batch ids name the job and attempt too, so two attempts' batches
         # never share an id in a log or a proxy's cache.
         self._batch_prefix = f"j{job_id or '?'}-a{attempt_id}-r{rank}"
+        # Each event's idempotency key: a resent event (its reply lost to a
+        # timeout or a restarting web) is stored once. The random part keeps
+        # two reporters of one rank apart (`report_once` runs its own).
+        self._tag = os.urandom(4).hex()
+        self._key_prefix = f"{self._batch_prefix}-{self._tag}"
+        self._event_seq = itertools.count()
         self.interval = heartbeat_interval_s
         self.gpu_stats = gpu_stats or (lambda: None)
         self.max_metrics = max_metrics
         self.max_events = max_events
+        # handoff(key, data): where `close` leaves what it could not deliver
+        # (regatta/spool.py); None: it is only counted in the log.
+        self.handoff = handoff
+        self.handed_off_to: str | None = None
         # The training thread appends and the reporting thread takes, so every
-        # touch of the two queues (and of the drop counters) holds this lock.
-        # An item leaves its queue under the lock *before* it is posted and is
-        # kept aside until the control plane acknowledged it: an overflow can
-        # then only ever drop queued items, never the one in flight, and a
-        # retried metric batch is the same batch_id with the same points.
+        # touch of the two queues' memory (and of the drop counters) holds
+        # `_lock`. An item leaves its queue *before* it is posted and is kept
+        # aside until the control plane acknowledged it: a retried metric
+        # batch is the same batch_id with the same points. `_spool_lock`
+        # (taken before `_lock`) covers the queues' disk part, which only the
+        # reporting thread touches until `close` hands everything off.
         self._lock = threading.Lock()
-        self.metrics: collections.deque = collections.deque()
+        self._spool_lock = threading.Lock()
+        self.metrics = spool.SpooledQueue("metrics", max_metrics, max_spool_bytes)
         # Events and checkpoint reports are rarer and matter more: sent first,
         # in order, bounded too.
-        self.urgent: collections.deque = collections.deque()
+        self.urgent = spool.SpooledQueue("urgent", max_events, max_spool_bytes)
         self._metric_batch: dict | None = None
         self._urgent_item: tuple[str, dict] | None = None
+        self._handed_off = False
         self.dropped: collections.Counter = collections.Counter()
         self._dropped_reported: dict[str, int] = {}
         self.status: dict[str, Any] = {"step": 0, "samples_per_s": 0.0, "tokens_per_s": 0.0,
@@ -97,6 +129,7 @@ class Reporter(NullReporter):
         self._thread = threading.Thread(target=self._run, name="regatta-reporter", daemon=True)
         self._next_heartbeat = 0.0
         self._backoff = 0.0
+        self._max_backoff = min(MAX_BACKOFF_S, max(MIN_MAX_BACKOFF_S, heartbeat_interval_s))
         self._retry_at = 0.0
         self.sent = collections.Counter()
 
@@ -114,15 +147,20 @@ class Reporter(NullReporter):
         point = {"rank": self.rank, "name": name, "step": step, "value": value,
                  "time": time.time()}
         with self._lock:
-            if len(self.metrics) >= self.max_metrics:
-                # The oldest goes: the newest points say most about the run now.
-                self.metrics.popleft()
+            if len(self.metrics.memory) >= 2 * self.max_metrics:
+                # The reporting thread could not move the overflow to disk in
+                # time: the oldest goes, the newest say most about the run now.
+                self.metrics.memory.popleft()
                 self._count_drop("metrics")
-            self.metrics.append(point)
+            self.metrics.memory.append(("metrics", point))
+            over = self.metrics.over()
+        if over:
+            self._wake.set()
 
     def event(self, kind: str, message: str = "", data: dict | None = None) -> None:
         self._urgent(("events", {"kind": kind, "rank": self.rank, "message": message,
-                                 "data": data or {}, "job_id": self.job_id}))
+                                 "data": data or {}, "job_id": self.job_id,
+                                 "key": f"{self._key_prefix}-{next(self._event_seq)}"}))
 
     def checkpoint(self, payload: dict) -> None:
         self._urgent(("checkpoints", {**payload, "job_id": self.job_id}))
@@ -133,51 +171,56 @@ class Reporter(NullReporter):
 
     def _urgent(self, item: tuple[str, dict]) -> None:
         with self._lock:
-            if len(self.urgent) >= self.max_events:
+            if len(self.urgent.memory) >= 2 * self.max_events:
                 self._drop_one_urgent()
-            self.urgent.append(item)
+            self.urgent.memory.append(item)
         self._wake.set()
 
     def _drop_one_urgent(self) -> None:
         # An event goes before a checkpoint report: the control plane can
         # rebuild a lost report from storage, but it cannot guess an event.
         # Called with the lock held.
-        victim = next((i for i, (kind, _) in enumerate(self.urgent) if kind == "events"), 0)
-        endpoint, _ = self.urgent[victim]
-        del self.urgent[victim]
+        memory = self.urgent.memory
+        victim = next((i for i, (kind, _) in enumerate(memory) if kind == "events"), 0)
+        endpoint, _ = memory[victim]
+        del memory[victim]
         self._count_drop(endpoint)
 
-    def _count_drop(self, what: str) -> None:
+    def _count_drop(self, what: str, n: int = 1) -> None:
         if not self.dropped[what]:
             log.warning("reporting buffer full: dropping %s until the control plane "
                         "catches up (the count is reported)", what)
-        self.dropped[what] += 1
+        self.dropped[what] += n
 
     def directives(self) -> dict[str, Any]:
         return self._directives
 
     def pending(self) -> int:
-        """Items not yet acknowledged by the control plane (queued or in flight)."""
+        """Items not yet acknowledged by the control plane (queued, spooled
+        or in flight)."""
         with self._lock:
             return (len(self.metrics) + len(self.urgent)
                     + (len(self._metric_batch["points"]) if self._metric_batch else 0)
                     + (1 if self._urgent_item else 0))
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stop the thread, giving it up to `timeout_s` to deliver what is queued."""
+        """Stop the thread, giving it up to `timeout_s` to deliver what is
+        queued; then hand off what is left (regatta/spool.py)."""
         self._stop.set()
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
-        left = self.pending()
+        left = self._hand_off()
         if left or self.dropped:
-            log.warning("reporting closed with %d items undelivered; dropped while "
-                        "full: %s", left, dict(self.dropped) or "none")
+            log.warning("reporting closed with %d items undelivered (%s); dropped while "
+                        "full: %s", left, self.handed_off_to or "lost: nowhere to hand them off",
+                        dict(self.dropped) or "none")
 
     # -- the thread ---------------------------------------------------------------
     def _run(self) -> None:
         while True:
             stopping = self._stop.is_set()
+            self._spill()
             now = time.monotonic()
             if now >= self._retry_at:
                 try:
@@ -187,16 +230,40 @@ class Reporter(NullReporter):
                     self._drain()
                     self._backoff = 0.0
                 except (OSError, http.client.HTTPException, ValueError) as exc:
-                    self._backoff = min(MAX_BACKOFF_S, max(0.5, self._backoff * 2))
-                    self._retry_at = time.monotonic() + self._backoff
-                    log.debug("control plane unreachable (%s); retry in %.1fs", exc, self._backoff)
+                    self._backoff = min(self._max_backoff, max(0.5, self._backoff * 2))
                     if stopping:
-                        return
-            if stopping and not self.pending() and not self._drops_unreported():
+                        # `close` bounds the wait: try again soon within it.
+                        self._backoff = min(self._backoff, 1.0)
+                    # Jitter: a fleet's ranks do not all come back in one instant.
+                    self._retry_at = time.monotonic() + self._backoff * random.uniform(0.8, 1.0)
+                    log.debug("control plane unreachable (%s); retry in %.1fs", exc, self._backoff)
+            if self._handed_off or (
+                    stopping and not self.pending() and not self._drops_unreported()):
                 return
             wait = max(0.05, min(self._next_heartbeat, self._retry_at) - time.monotonic())
             self._wake.wait(min(wait, self.interval))
             self._wake.clear()
+
+    def _spill(self) -> None:
+        """Move the oldest of a queue past its bound in memory to disk."""
+        with self._spool_lock:
+            if self._handed_off:
+                return
+            for queue in (self.urgent, self.metrics):
+                with self._lock:
+                    if not queue.over():
+                        continue
+                    items = [queue.memory.popleft()
+                             for _ in range(len(queue.memory) - queue.bound // 2)]
+                # A deferred value is old by now: its copy to the host has landed.
+                for _, body in items if queue is self.metrics else ():
+                    if not isinstance(body["value"], float):
+                        body["value"] = float(body["value"].get())
+                dropped = queue.spill(items)
+                if dropped:
+                    with self._lock:
+                        for what, n in dropped.items():
+                            self._count_drop(what, n)
 
     def _post(self, endpoint: str, body: dict) -> dict:
         status, data = self.http.post(f"{self.base}/{endpoint}", body)
@@ -222,33 +289,50 @@ class Reporter(NullReporter):
             self._directives = directives
 
     def _take_urgent(self) -> tuple[str, dict] | None:
-        with self._lock:
-            if self._urgent_item is None and self.urgent:
-                self._urgent_item = self.urgent.popleft()
-            return self._urgent_item
+        with self._spool_lock:
+            if self._handed_off:
+                return None
+            self.urgent.refill()
+            with self._lock:
+                if self._urgent_item is None and self.urgent.head() is not None:
+                    self._urgent_item = self.urgent.pop()
+                return self._urgent_item
 
     def _take_metric_batch(self) -> dict | None:
-        with self._lock:
-            if self._metric_batch is None and self.metrics:
-                points = []
-                # In order, up to the first value still on its way to the host.
-                while self.metrics and len(points) < METRICS_PER_BATCH \
-                        and _resolve(self.metrics[0]):
-                    points.append(self.metrics.popleft())
-                if not points:
-                    return None
-                self._metric_batch = {
-                    "batch_id": f"{self._batch_prefix}-{self._batch_seq}",
-                    "job_id": self.job_id,
-                    "points": points,
-                }
-                self._batch_seq += 1
-            return self._metric_batch
+        with self._spool_lock:
+            if self._handed_off:
+                return None
+            self.metrics.refill(METRICS_PER_BATCH)
+            with self._lock:
+                if self._metric_batch is None:
+                    points = []
+                    # In order, up to the first value still on its way to the host.
+                    while len(points) < METRICS_PER_BATCH \
+                            and (item := self.metrics.head()) is not None and _resolve(item[1]):
+                        points.append(self.metrics.pop()[1])
+                    if not points:
+                        return None
+                    self._metric_batch = self._batch(points)
+                return self._metric_batch
+
+    def _batch(self, points: list) -> dict:
+        self._batch_seq += 1
+        return {"batch_id": f"{self._batch_prefix}-{self._batch_seq - 1}",
+                "job_id": self.job_id, "points": points}
 
     def _drops_unreported(self) -> dict[str, int]:
         with self._lock:
             totals = {k: v for k, v in self.dropped.items() if v}
         return totals if totals != self._dropped_reported else {}
+
+    def _drops_report(self, totals: dict[str, int]) -> dict:
+        return {
+            "kind": "reports_dropped", "rank": self.rank, "job_id": self.job_id,
+            "message": "reporting buffer overflowed while the control plane was away: "
+                       + ", ".join(f"{n} {what}" for what, n in sorted(totals.items())),
+            "data": totals,
+            # Running totals only grow: the same totals are the same report.
+            "key": f"{self._key_prefix}-dropped-{sum(totals.values())}"}
 
     def _drain(self) -> None:
         while (item := self._take_urgent()) is not None:
@@ -258,12 +342,8 @@ class Reporter(NullReporter):
                 self._urgent_item = None
         # Once the queue has room again, say how much it lost: running totals,
         # sent straight (not queued), so this report cannot itself be dropped.
-        if totals := self._drops_unreported():
-            self._post("events", {
-                "kind": "reports_dropped", "rank": self.rank, "job_id": self.job_id,
-                "message": "reporting buffer overflowed while the control plane was away: "
-                           + ", ".join(f"{n} {what}" for what, n in sorted(totals.items())),
-                "data": totals})
+        if (totals := self._drops_unreported()) and not self._handed_off:
+            self._post("events", self._drops_report(totals))
             self._dropped_reported = totals
         while (batch := self._take_metric_batch()) is not None:
             self._post("metrics", batch)
@@ -271,6 +351,46 @@ class Reporter(NullReporter):
                 self._metric_batch = None
             if not self._stop.is_set() and time.monotonic() >= self._next_heartbeat:
                 return
+
+    # -- at exit --------------------------------------------------------------------
+    def _hand_off(self) -> int:
+        """Everything still undelivered into one file where the control plane
+        collects it; the thread, if still posting, stops taking items. An
+        item in flight goes too: storing it twice is harmless (events carry
+        their key; points and checkpoint reports are unique by content)."""
+        with self._spool_lock, self._lock:
+            if self._handed_off:
+                return 0
+            self._handed_off = True
+            items = [self._urgent_item] if self._urgent_item else []
+            items += self.urgent.take_all()
+            if totals := {k: v for k, v in self.dropped.items() if v}:
+                if totals != self._dropped_reported:
+                    items.append(("events", self._drops_report(totals)))
+                    self._dropped_reported = totals
+            if self._metric_batch:
+                items.append(("metrics", self._metric_batch))
+            points = [body for _, body in self.metrics.take_all()]
+        for queue in (self.urgent, self.metrics):
+            queue.remove_folder()
+        for point in points:
+            if not isinstance(point["value"], float):
+                point["value"] = float(point["value"].get())
+        items += [("metrics", self._batch(points[i:i + METRICS_PER_BATCH]))
+                  for i in range(0, len(points), METRICS_PER_BATCH)]
+        left = sum(len(body["points"]) if endpoint == "metrics" else 1
+                   for endpoint, body in items)
+        if not items or self.handoff is None:
+            return left
+        key = spool.handoff_key(self.attempt_id, self.rank, self._tag)
+        header = {"job_id": self.job_id, "attempt_id": self.attempt_id, "rank": self.rank}
+        try:
+            self.handoff(key, spool.handoff_bytes(header, items))
+        except Exception as exc:  # any storage failure: say so, do not fail the exit
+            log.warning("could not hand off %d undelivered reports to %s: %s", left, key, exc)
+            return left
+        self.handed_off_to = f"left at {key} for the control plane to collect"
+        return left
 
 
 def _resolve(point: dict) -> bool:
@@ -284,48 +404,16 @@ def _resolve(point: dict) -> bool:
     return True
 
 
-class _Http:
-    """One kept-alive HTTP/1.1 connection, opened again after any failure."""
-
-    def __init__(self, url: str, token: str) -> None:
-        parts = urlsplit(url)
-        self.scheme, self.netloc = parts.scheme, parts.netloc
-        self.prefix = parts.path.rstrip("/")
-        self.headers = {"Authorization": f"Bearer {token}",
-                        "Content-Type": "application/json", "Connection": "keep-alive"}
-        self.conn: http.client.HTTPConnection | None = None
-
-    def post(self, path: str, body: dict) -> tuple[int, bytes]:
-        data = json.dumps(body).encode()
-        if self.conn is None:
-            cls = (http.client.HTTPSConnection if self.scheme == "https"
-                   else http.client.HTTPConnection)
-            self.conn = cls(self.netloc, timeout=TIMEOUT_S)
-        try:
-            self.conn.request("POST", self.prefix + path, body=data, headers=self.headers)
-            resp = self.conn.getresponse()
-            payload = resp.read()
-        except BaseException:
-            self.close()
-            raise
-        if resp.will_close:
-            self.close()
-        return resp.status, payload
-
-    def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-            self.conn = None
-
-
 def from_env(env, rank: int, heartbeat_interval_s: float,
              gpu_stats=None) -> NullReporter:
     url, token = env.get("REGATTA_URL"), env.get("REGATTA_TOKEN")
     if not url or not token:
         return NullReporter()
+    checkpoint_uri = env.get("REGATTA_CHECKPOINT_URI")
     return Reporter(url, token, env.get("REGATTA_ATTEMPT_ID", "0"), rank,
                     env.get("REGATTA_NODE", ""), heartbeat_interval_s, gpu_stats,
-                    job_id=env.get("REGATTA_JOB_ID", ""))
+                    job_id=env.get("REGATTA_JOB_ID", ""),
+                    handoff=spool.storage_handoff(checkpoint_uri) if checkpoint_uri else None)
 
 
 def report_once(env, rank: int, kind: str, message: str, data: dict) -> None:

@@ -192,7 +192,7 @@ class Run:
         (the emergency checkpoint) and with `export`; `rank_state` is any
         picklable per-rank object (RNG states, data position). Never raises
         for a failed save: it is reported and retaken (see docs/sdk.md)."""
-        if self._saved(step):
+        if self._saved(step) and (export is None or self._exported(step)):
             return True
         use_async = self.async_checkpoint and not self.stopping and not sync
         request_id = self.directives.request_for(step)
@@ -230,6 +230,14 @@ class Run:
         if self.stopping:
             self.settle()
         return self._holds(step)
+
+    def _exported(self, step: int) -> bool:
+        """Whether the saved step-N carries its `export/` model. A final save
+        asks for one whatever took that step before it (an emergency save at
+        the last step, then a resumed run's finish): without it, step-N is
+        saved again with it, so a finished run always leaves one."""
+        manifest = self.ckpt.storage.read_manifest(step) or {}
+        return any(rel.startswith("export/") for rel in manifest.get("files") or {})
 
     def _holds(self, step: int) -> bool:
         """Step-N committed by this run, or its save in flight."""

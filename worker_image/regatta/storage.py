@@ -84,6 +84,13 @@ class Storage:
     def delete_step(self, step: int) -> None:
         raise NotImplementedError
 
+    def list_keys(self, prefix: str) -> list[str]:
+        """Keys of the files under `prefix` (a folder, ending in /)."""
+        raise NotImplementedError
+
+    def delete(self, key: str) -> None:
+        raise NotImplementedError
+
     def upload_file(self, local: str | Path, key: str) -> None:
         raise NotImplementedError
 
@@ -221,6 +228,15 @@ class LocalStorage(Storage):
     def delete_step(self, step: int) -> None:
         shutil.rmtree(self._path(step_name(step)), ignore_errors=True)
 
+    def list_keys(self, prefix: str) -> list[str]:
+        base = self._path(prefix)
+        # Dot files are writes in progress (write_bytes renames them into place).
+        return sorted(str(p.relative_to(self.root)) for p in base.rglob("*")
+                      if p.is_file() and not p.name.startswith(".")) if base.is_dir() else []
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
     def upload_file(self, local: str | Path, key: str) -> None:
         dest = self._path(key)
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -355,6 +371,14 @@ class S3Storage(Storage):
             raise StorageError(
                 f"s3://{self.bucket}/{base}: {len(errors)} deletes refused, e.g. "
                 f"{first.get('Key')}: {first.get('Code')} {first.get('Message', '')}".strip())
+
+    def list_keys(self, prefix: str) -> list[str]:
+        skip = len(self._key(""))
+        return sorted(obj["Key"][skip:] for page in self._list(self._key(prefix))
+                      for obj in page.get("Contents", []))
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
     def upload_file(self, local: str | Path, key: str) -> None:
         # S3 checks every part against its SHA-256 on receipt and keeps the

@@ -274,6 +274,12 @@ class Trainer:
         return None
 
     def _emergency_stop(self) -> int:
+        if self.step >= self.cfg.max_steps:
+            # Asked to stop at the last step: the run is done, and its final
+            # checkpoint is the one a finish takes, with its export/ (the
+            # model every succeeded job is exported as), not an emergency one.
+            log.warning("asked to stop at the last step %d: finishing", self.step)
+            return self._finish()
         log.warning("stopping at step %d: emergency checkpoint", self.step)
         self.run_.settle()
         if self.run_.ckpt.last_committed != self.step:

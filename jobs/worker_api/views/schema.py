@@ -56,8 +56,11 @@ events = extend_schema(
     request=inline_serializer("TrainerEvent", {
         "kind": s.CharField(), "rank": s.IntegerField(), "message": s.CharField(required=False),
         "data": s.DictField(required=False), "node": s.CharField(required=False),
+        "key": s.CharField(required=False, max_length=100,
+                           help_text="the rank's name for this event: stored once per key"),
     }),
-    responses={201: inline_serializer("TrainerEventReply", {"event": s.IntegerField()})},
+    responses={201: inline_serializer("TrainerEventReply", {"event": s.IntegerField()}),
+               200: inline_serializer("TrainerEventRepeated", {"event": s.IntegerField()})},
 )
 
 profiles = extend_schema(

@@ -2,6 +2,7 @@
 exported; ranks that exit 0 without it are a failure with evidence, and the
 job redoes the missing steps from its newest verified checkpoint."""
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,51 @@ def test_ranks_that_finished_long_before_the_pass_succeed_not_hang(mem_cluster, 
     job.refresh_from_db()
     assert job.phase == Phase.SUCCEEDED
     assert not job.events.filter(kind__in=["Restarting", "NodeFailed"]).exists()
+
+
+def strip_export(job, step: int) -> None:
+    """step-N as an emergency save leaves it: no `export/` model."""
+    from regatta import manifest as mf
+
+    final = Checkpoint.objects.get(job=job, step=step)
+    root = Path(final.uri.removeprefix("file://"))
+    shutil.rmtree(root / "export")
+    rels = sorted(str(p.relative_to(root)) for p in root.rglob("*")
+                  if p.is_file() and p.name not in (mf.MANIFEST, mf.MARKER))
+    manifest = mf.build_manifest(step, mf.hash_local_files(root, rels))
+    (root / mf.MANIFEST).write_bytes(manifest)
+    (root / mf.MARKER).write_bytes(mf.marker_for(manifest))
+    Checkpoint.objects.filter(pk=final.pk).update(manifest_sha256=mf.sha256_bytes(manifest),
+                                                  emergency=True)
+
+
+def test_a_final_checkpoint_without_the_model_is_resumed_to_export_it_never_shipped_raw(
+        mem_cluster, team):
+    job = submit(mem_cluster, team)
+    now = timezone.now()
+    ran_to_the_end(mem_cluster, job, now)
+    strip_export(job, 20)
+
+    reconcile_job(job.id, later(now, 10))
+
+    job.refresh_from_db()
+    assert job.phase in (Phase.RESTARTING, Phase.STARTING), kinds(job)
+    assert not ModelArtifact.objects.filter(job=job).exists()
+    missing = JobEvent.objects.get(job=job, kind="FinalModelMissing")
+    assert missing.evidence["step"] == 20 and missing.evidence["emergency"] is True
+    reconcile_job(job.id, later(now, 13))
+    second = job.attempts.get(number=2)
+    assert second.resume_step == 20
+    # The resumed trainer finishes at once and saves step 20 again (into a
+    # cleared folder), with its model.
+    stale = Checkpoint.objects.get(job=job, step=20)
+    shutil.rmtree(stale.uri.removeprefix("file://"))
+    stale.delete()
+    write_checkpoint(job, 20, second, created_at=later(now, 20))
+    provider_of(mem_cluster).finish(second.provider_ref)
+    reconcile_job(job.id, later(now, 25))
+
+    job.refresh_from_db()
+    assert job.phase == Phase.SUCCEEDED, kinds(job)
+    artifact = ModelArtifact.objects.get(job=job)
+    assert artifact.format == "torch" and artifact.checkpoint.step == 20

@@ -52,3 +52,74 @@ def test_the_trainers_reporter_delivers_everything_and_gets_directives(
     assert JobEvent.objects.filter(job=job, kind="TrainerStarted",
                                    actor="worker:rank0@cpu-a-0").exists()
     assert not any(key.endswith("_refused") for key in reporter.sent)
+
+
+class ReplyLosingProxy:
+    """A real HTTP hop in front of the live server that forwards every
+    request but drops the reply of the first `lose` event posts, as a
+    timed-out or cut connection does: the server stored the event, the rank
+    never heard so."""
+
+    def __init__(self, upstream: str, lose: int):
+        import http.client
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from urllib.parse import urlsplit
+
+        target = urlsplit(upstream).netloc
+        proxy = self
+        self.lost = 0
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                conn = http.client.HTTPConnection(target, timeout=10)
+                conn.request("POST", self.path, body=body, headers=dict(self.headers))
+                resp = conn.getresponse()
+                data = resp.read()
+                conn.close()
+                if self.path.endswith("/events") and proxy.lost < lose:
+                    proxy.lost += 1
+                    self.close_connection = True
+                    return  # no reply at all
+                self.send_response(resp.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.django_db(transaction=True)
+def test_an_event_whose_reply_was_lost_is_stored_once(live_server, team, cluster, owner):
+    job = make_job(team, cluster, owner, phase="running", storage_uri="/tmp/ckpt")
+    attempt, token = make_attempt(job)
+    proxy = ReplyLosingProxy(live_server.url, lose=3)
+    reporter = Reporter(proxy.url, token, str(attempt.pk), rank=0, node="cpu-a-0",
+                        heartbeat_interval_s=0.2, job_id=str(job.pk))
+    reporter.start()
+    try:
+        reporter.event("started", "fresh start", {"world_size": 1})
+        reporter.event("finished", "finished at step 3", {"step": 3})
+        assert wait_for(lambda: reporter.pending() == 0 and proxy.lost == 3)
+    finally:
+        reporter.close()
+        proxy.close()
+
+    kinds = list(JobEvent.objects.filter(job=job, kind__startswith="Trainer")
+                 .order_by("id").values_list("kind", flat=True))
+    assert kinds == ["TrainerStarted", "TrainerFinished"]
+    assert reporter.sent["events"] == 2

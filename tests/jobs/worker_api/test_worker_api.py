@@ -330,6 +330,27 @@ class TestEvents:
         assert resp.status_code == 400
         assert not JobEvent.objects.exists()
 
+    def test_an_event_resent_with_its_key_is_stored_once(self, attempt, job):
+        # A rank resends an event whose reply it never got (a timeout, a
+        # restarting web): the first send may well have been stored.
+        attempt, token = attempt
+        body = {"kind": "started", "rank": 0, "data": {"world_size": 2}, "key": "j1-a1-r0-9f-0"}
+        first = worker_client(token).post(url(attempt, "events"), body, format="json")
+        again = worker_client(token).post(url(attempt, "events"), body, format="json")
+
+        assert (first.status_code, again.status_code) == (201, 200)
+        assert first.json() == again.json()
+        assert list(JobEvent.objects.filter(job=job).values_list("kind", "key")) == [
+            ("TrainerStarted", "j1-a1-r0-9f-0")]
+
+    def test_events_without_a_key_or_with_other_keys_are_each_stored(self, attempt, job):
+        attempt, token = attempt
+        for key in (None, None, "k-1", "k-2"):
+            body = {"kind": "tick", "rank": 0, **({"key": key} if key else {})}
+            assert worker_client(token).post(url(attempt, "events"), body,
+                                             format="json").status_code == 201
+        assert JobEvent.objects.filter(job=job, kind="TrainerTick").count() == 4
+
 
 class TestWorkerAuth:
     @pytest.mark.parametrize("endpoint", ["heartbeat", "metrics", "checkpoints", "events"])
