@@ -6,8 +6,13 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 django_application = get_wsgi_application()
 
 # Imported once Django is set up: it reaches the models.
+from controlplane.lib import receiver  # noqa: E402
 from jobs.worker_api.views.fast import WorkerFastPath  # noqa: E402
 
 # The ranks' metric batches and heartbeats are answered ahead of the request
 # stack when well formed; everything else is Django's (jobs/worker_api/views/fast.py).
 application = WorkerFastPath(django_application)
+
+# This process hears heartbeats: the hang detector counts the ranks' silence
+# only while some web process is listening (controlplane/lib/receiver.py).
+receiver.start_marking()

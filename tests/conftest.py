@@ -42,14 +42,16 @@ def broker():
 
 
 @pytest.fixture(autouse=True)
-def no_throttle_counts(broker):
-    """Each test starts with no sign-ins or token creations counted: the
-    counts live in Redis (the cache's keys), which outlives a test."""
+def fresh_redis_state(broker):
+    """Each test starts with no sign-ins or token creations counted, and no
+    web marked as listening by an earlier test's web server (a stale mark
+    reads as a web that is away, controlplane/lib/receiver.py): both live in
+    Redis, which outlives a test."""
+    from controlplane.lib import receiver
     from controlplane.redis_client import get_redis
 
     keys = list(get_redis().scan_iter(match="regatta-cache:*", count=1000))
-    if keys:
-        get_redis().delete(*keys)
+    get_redis().delete(*keys, receiver.ALIVE_AT, receiver.SINCE)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from clusters.models import NodeHealthEvent
+from controlplane.lib import receiver
 
 from ..models import FailureClass, JobAttempt, JobEvent, RankStatus
 from .common import Ctx
@@ -213,16 +214,29 @@ def hang_failure(ctx: Ctx, attempt: JobAttempt) -> Failure | None:
     ranks = list(RankStatus.objects.filter(attempt=attempt))
     if not expects_heartbeats(ctx.job, ranks):
         return None
-    return _silence(ctx, attempt, ranks) or _no_first_step(ctx, attempt, ranks)
+    known, since = receiver.listening(ctx.now.timestamp())
+    if known and since is None:
+        # No web is listening: no rank could be heard, and its silence says
+        # nothing about it. The pass after the web is back judges again.
+        return None
+    heard_from = datetime.fromtimestamp(since, tz=ctx.now.tzinfo) if since else None
+    return (_silence(ctx, attempt, ranks, heard_from)
+            or _no_first_step(ctx, attempt, ranks, heard_from))
 
 
-def _silence(ctx: Ctx, attempt: JobAttempt, ranks) -> Failure | None:
+def _heard(at: datetime, heard_from: datetime | None) -> datetime:
+    """The moment silence starts counting: not before a web was back to hear."""
+    return max(at, heard_from) if heard_from is not None else at
+
+
+def _silence(ctx: Ctx, attempt: JobAttempt, ranks, heard_from) -> Failure | None:
     """Ranks whose heartbeats stopped, or that were never heard from within
     `first_heartbeat_deadline_s` of the launch."""
     deadline = ctx.config.heartbeat_deadline
     now = ctx.now
-    silent = [r for r in ranks if (now - r.last_heartbeat_at).total_seconds() > deadline]
-    missing = _never_reported(ctx, attempt, ranks)
+    silent = [r for r in ranks
+              if (now - _heard(r.last_heartbeat_at, heard_from)).total_seconds() > deadline]
+    missing = _never_reported(ctx, attempt, ranks, heard_from)
     if not silent and not missing:
         return None
     last = min((r.last_heartbeat_at for r in silent), default=attempt.started_at)
@@ -250,13 +264,14 @@ def _silence(ctx: Ctx, attempt: JobAttempt, ranks) -> Failure | None:
     )
 
 
-def _never_reported(ctx: Ctx, attempt: JobAttempt, ranks) -> list[int]:
+def _never_reported(ctx: Ctx, attempt: JobAttempt, ranks, heard_from) -> list[int]:
     """Ranks with no heartbeat at all, once the first-heartbeat deadline passed
-    since the launch, or since the gang last waited for capacity or a queue."""
+    since the launch, or since the gang last waited for capacity or a queue
+    (or since the web was back)."""
     world = ctx.job.world_size
     if attempt.started_at is None or len(ranks) >= world:
         return []
-    since = attempt.started_at
+    since = _heard(attempt.started_at, heard_from)
     wait = ctx.condition(START_WAIT)
     if wait is not None and wait.get("attempt") == attempt.id:
         since = max(since, datetime.fromtimestamp(wait["last"], tz=ctx.now.tzinfo))
@@ -267,7 +282,7 @@ def _never_reported(ctx: Ctx, attempt: JobAttempt, ranks) -> list[int]:
     return [r for r in range(world) if r not in seen]
 
 
-def _no_first_step(ctx: Ctx, attempt: JobAttempt, ranks) -> Failure | None:
+def _no_first_step(ctx: Ctx, attempt: JobAttempt, ranks, heard_from) -> Failure | None:
     """Every rank reports, yet no step came within `first_step_deadline_s`: a
     start-up stuck in compilation, a collective's set-up or data loading."""
     if attempt.first_step_at is not None or attempt.last_step > 0:
@@ -275,7 +290,7 @@ def _no_first_step(ctx: Ctx, attempt: JobAttempt, ranks) -> Failure | None:
     reporting = ctx.condition(ALL_REPORTING)
     if reporting is None or reporting.get("attempt") != attempt.id:
         return None
-    since = datetime.fromtimestamp(reporting["at"], tz=ctx.now.tzinfo)
+    since = _heard(datetime.fromtimestamp(reporting["at"], tz=ctx.now.tzinfo), heard_from)
     waited = (ctx.now - since).total_seconds()
     limit = ctx.config.first_step_deadline_s
     if waited <= limit:

@@ -1,0 +1,95 @@
+"""A web restart is not a hang: the ranks' silence counts only while a web
+process is listening (controlplane/lib/receiver.py), so a job whose
+heartbeats could not be heard keeps running instead of being restarted."""
+
+import time
+
+import pytest
+from django.utils import timezone
+
+from controlplane.lib import receiver
+from jobs.models import Phase
+from jobs.reconcile import reconcile_job
+from tests.fleet_helpers import (
+    heartbeat,
+    later,
+    launch,
+    memory_cluster,
+    submit,
+    team_with_quota,
+)
+
+pytestmark = pytest.mark.usefixtures("fleet_dirs")
+
+
+@pytest.fixture
+def mem_cluster(db):
+    return memory_cluster(heartbeat_deadline_s=10.0)
+
+
+def _running(mem_cluster, now):
+    job = submit(mem_cluster, team_with_quota(mem_cluster))
+    launch(job, now)
+    attempt = job.attempts.get()
+    heartbeat(attempt, 5, later(now, 1))
+    reconcile_job(job.id, later(now, 1))
+    job.refresh_from_db()
+    assert job.phase == Phase.RUNNING
+    return job, attempt
+
+
+def _web_marked(at):
+    """A web process's marks, the last one at `at`."""
+    receiver.mark(at.timestamp() - 2 * receiver.GAP_S)  # an earlier, unbroken run
+    receiver.mark(at.timestamp())
+
+
+def test_no_hang_is_called_while_no_web_is_listening(mem_cluster):
+    now = timezone.now()
+    job, attempt = _running(mem_cluster, now)
+    _web_marked(later(now, 2))  # then the web went away
+    # 30 s of silence against a 10 s deadline, all of it with no web to hear.
+    reconcile_job(job.id, later(now, 31))
+    job.refresh_from_db()
+    attempt.refresh_from_db()
+    assert job.phase == Phase.RUNNING and attempt.failure_class == ""
+
+
+def test_silence_counts_from_the_moment_the_web_is_back(mem_cluster):
+    now = timezone.now()
+    job, attempt = _running(mem_cluster, now)
+    back = later(now, 40)
+    receiver.mark(back.timestamp())  # the first mark after the outage starts a run
+    receiver.mark(later(now, 44).timestamp())
+    # 44 s since the last beat, but the web has been back for 5 s only.
+    reconcile_job(job.id, later(now, 45))
+    job.refresh_from_db()
+    assert job.phase == Phase.RUNNING
+    # Back for 12 s and still silent: now it is the ranks.
+    for at in (48, 52):
+        receiver.mark(later(now, at).timestamp())
+    reconcile_job(job.id, later(now, 52))
+    attempt.refresh_from_db()
+    assert attempt.failure_class == "hang"
+
+
+def test_with_no_web_marks_at_all_the_deadline_counts_as_before(mem_cluster):
+    now = timezone.now()
+    job, attempt = _running(mem_cluster, now)
+    reconcile_job(job.id, later(now, 20))
+    attempt.refresh_from_db()
+    assert attempt.failure_class == "hang"
+
+
+def test_a_web_process_marks_while_it_lives(broker):
+    before = time.time()
+    receiver.start_marking()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        known, since = receiver.listening(time.time())
+        if known and since is not None and since >= before - 1:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("no mark from the marking thread within 10 s")
+    assert receiver.listening(time.time() + 10 * receiver.GAP_S) == (True, None)
