@@ -93,7 +93,17 @@ def keep_spares(pool, provider, info, now) -> None:
     spares = Node.objects.filter(
         pool=pool, is_spare=True, state__in=(Node.State.PROVISIONING, Node.State.READY)
     ).count()
-    missing = max(0, pool.spare_count - spares)
+    # A failed node is on its way to being replaced (claimed by its job's pass
+    # or by the health pass, then asked of the provider), and a replaced node
+    # whose replacement the provider still owes is too: each brings a spare
+    # of its own (replacement.py: the new machine joins as a spare).
+    # Provisioning one more for either would leave the pool a machine over.
+    owed = Node.objects.filter(
+        Q(state=Node.State.FAILED)
+        | Q(state=Node.State.REPLACED, replace_requested_at__isnull=False),
+        pool=pool,
+    ).count()
+    missing = max(0, pool.spare_count - spares - owed)
     if missing:
         check_backoff(pool, now)
     for _ in range(missing):

@@ -85,3 +85,32 @@ def test_a_spot_notice_on_an_idle_spare_replaces_it_as_a_spare(db):
     assert not Node.objects.filter(replaces=spare).exists()
     # The provider's new machine joined as a spare: the pool keeps two.
     assert Node.objects.filter(pool=pool, is_spare=True, state="ready").count() == 2
+
+
+def test_one_failure_leaves_the_pool_one_spare_over_nothing(db):
+    """The promoted spare's place is refilled once: by the machine the
+    provider brings in the failed node's stead, not by that and a freshly
+    provisioned spare as well (a machine over, in the cloud a bill)."""
+    cluster = memory_cluster(size=SIZE, spares=1)
+    pool = cluster.pools.get()
+    job = submit(cluster, team_with_quota(cluster))
+    now = timezone.now()
+    launch(job, now)
+    first = job.attempts.get()
+    heartbeat(first, 3, later(now, 1))
+    watch = PoolWatch(pool)
+
+    lose_node(cluster, nodes_of(first)[0], first.provider_ref)
+    # The cluster pass sees the loss first (path (a)): it fills the slot and
+    # tops the spares up before the job's pass claims the node and the
+    # provider is asked to replace it.
+    for step in range(2, 12):
+        reconcile_cluster(cluster.id, later(now, step))
+        watch.check(f"cluster pass {step}")
+        reconcile_job(job.id, later(now, step))
+        watch.check(f"job pass {step}")
+
+    live = Node.objects.filter(pool=pool, state__in=("provisioning", "ready"))
+    assert len(watch.working()) == SIZE
+    assert live.filter(is_spare=True).count() == pool.spare_count
+    assert live.count() == SIZE + pool.spare_count
