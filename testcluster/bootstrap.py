@@ -10,6 +10,8 @@ schema (and prunes what a CRD's structural schema does not know) exactly as
 
 from __future__ import annotations
 
+import base64
+import os
 import time
 from pathlib import Path
 
@@ -90,6 +92,7 @@ def install_operator_prerequisites(cluster) -> None:
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE_OPERATOR}},
         {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
          "metadata": {"name": OPERATOR_WEBHOOK_SECRET, "namespace": NAMESPACE_OPERATOR}},
+        _webhook_configuration(),
     ])
     ext = k8s.ApiextensionsV1Api(api)
 
@@ -101,6 +104,49 @@ def install_operator_prerequisites(cluster) -> None:
     _until("the PyTorchJob CRD", established)
 
 
+def _webhook_configuration() -> dict:
+    """The operator starts its controllers only once its cert rotator has
+    put its CA into this configuration, so it must exist. Its one webhook
+    has no rules: the API server would call it through the operator's
+    Service, which nothing routes to on this machine, so PyTorchJobs are not
+    checked by the operator's validating webhook here (docs/kubernetes.md)."""
+    from .cluster import NAMESPACE_OPERATOR, OPERATOR_WEBHOOK_CONFIGURATION
+
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": OPERATOR_WEBHOOK_CONFIGURATION},
+        "webhooks": [{
+            "name": "validator.pytorchjob.training-operator.kubeflow.org",
+            "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": "Fail",
+            "clientConfig": {"service": {"name": "training-operator",
+                                         "namespace": NAMESPACE_OPERATOR,
+                                         "path": "/validate-kubeflow-org-v1-pytorchjob"}},
+            "rules": [],
+        }],
+    }
+
+
+# Where the operator's cert rotator waits for its Secret to appear as files
+# (fixed in its pkg/cert) before it starts any controller. In a pod, the
+# kubelet mounts the Secret there; no kubelet runs here, so this copies it.
+OPERATOR_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
+
+
+def _mount_webhook_certificate(core: k8s.CoreV1Api) -> bool:
+    from .cluster import NAMESPACE_OPERATOR, OPERATOR_WEBHOOK_SECRET
+
+    data = core.read_namespaced_secret(OPERATOR_WEBHOOK_SECRET, NAMESPACE_OPERATOR).data or {}
+    if "tls.crt" not in data or "tls.key" not in data:
+        return False
+    OPERATOR_CERT_DIR.mkdir(parents=True, exist_ok=True)
+    for key in ("ca.crt", "tls.crt", "tls.key"):
+        if key in data:
+            tmp = OPERATOR_CERT_DIR / f".{key}.{os.getpid()}"
+            tmp.write_bytes(base64.b64decode(data[key]))
+            tmp.replace(OPERATOR_CERT_DIR / key)
+    return True
+
+
 def wait_ready(cluster) -> None:
     """The controllers are up once they act: the controller-manager has made
     the `default` ServiceAccount, and the operator has started its workers."""
@@ -108,9 +154,15 @@ def wait_ready(cluster) -> None:
     core = k8s.CoreV1Api(api)
     cluster._wait("the controller-manager (default ServiceAccount)",
                   lambda: core.read_namespaced_service_account("default", "default"), 60)
+    cluster._wait("the training-operator's webhook certificate",
+                  lambda: _mount_webhook_certificate(core), 60)
     log = cluster.logs / "training-operator.log"
-    cluster._wait("the training-operator's PyTorchJob controller",
-                  lambda: "Starting workers" in log.read_text(errors="replace"), 60)
+
+    def controller_started():
+        return any("Starting workers" in line and "pytorchjob" in line
+                   for line in log.read_text(errors="replace").splitlines())
+
+    cluster._wait("the training-operator's PyTorchJob controller", controller_started, 60)
 
 
 def apply_deploy(api: k8s.ApiClient, base: Path = DEPLOY_BASE) -> dict[str, list[dict]]:

@@ -31,6 +31,7 @@ NAMESPACE_OPERATOR = "kubeflow"
 # The serving certificate's Secret and webhook configuration the
 # training-operator's cert rotator manages (its manifests/base/webhook).
 OPERATOR_WEBHOOK_SECRET = "training-operator-webhook-cert"
+OPERATOR_WEBHOOK_CONFIGURATION = "validator.training-operator.kubeflow.org"
 # kwok manages only the nodes annotated so (testcluster/fleet.py adds it).
 KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 SERVICE_CIDR = "10.96.0.0/16"

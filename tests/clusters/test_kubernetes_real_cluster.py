@@ -1,0 +1,321 @@
+"""The Kubernetes provider and the reconcilers against a real control plane.
+
+tests/support/kube_cluster.py starts etcd, kube-apiserver (Node,RBAC),
+kube-scheduler, kube-controller-manager, kwok and the Kubeflow
+training-operator from testcluster/, applies deploy/, and hands Regatta a
+kubeconfig holding deploy/'s ServiceAccount token. Everything here happens
+as it would on a cluster: the operator makes the pods, the scheduler binds
+them, the controller-manager garbage-collects and taints. kwok plays the
+kubelets and runs no containers, so the trainer's heartbeats are the one
+thing a test writes itself (fleet_helpers.heartbeat), and a test chooses
+when a container exits, with what code (testcluster/fleet.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+from kubernetes import client as k8s
+
+from clusters.models import Cluster, Node, NodePool
+from clusters.providers.registry import get_provider, pool_info
+from clusters.reconcile import reconcile_cluster
+from controlplane.lib.errors import TemporaryError
+from jobs.models import JobAttempt, Phase
+from jobs.reconcile import reconcile_job
+from tests.fleet_helpers import heartbeat, later, launch, submit, team_with_quota
+from tests.support.kube_cluster import CHECKPOINT_PVC, TRAINING_NS
+from tests.support.waiting import eventually
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+DCGM_LABEL = "example.com/dcgm-diag"
+OPERATOR_JOB_LABEL = "training.kubeflow.org/job-name"
+
+
+@pytest.fixture
+def fsx(tmp_path):
+    """Where the shared file system is mounted, in the pods and here."""
+    path = tmp_path / "fsx"
+    path.mkdir()
+    return path
+
+
+def kube_cluster(world, pool, fsx, **settings_):
+    cluster = Cluster.objects.create(
+        name="kwok-a", provider=Cluster.Provider.KUBERNETES,
+        settings={"kubeconfig": str(world.regatta_kubeconfig), "namespace": TRAINING_NS,
+                  "request_timeout_s": 10, "preflight": "dcgm-labels",
+                  "health_labels": {DCGM_LABEL: "pass"}, "checkpoint_pvc": CHECKPOINT_PVC,
+                  "checkpoint_mount_path": str(fsx), **settings_},
+    )
+    NodePool.objects.create(cluster=cluster, name=pool.name, instance_type=pool.instance_type,
+                            gpus_per_node=pool.gpus, size=pool.size, spare_count=0,
+                            node_selector=pool.selector)
+    return cluster
+
+
+def gpu_pool(world, size=3):
+    return world.make_pool(size=size, labels={DCGM_LABEL: "pass"})
+
+
+def running_pods(world, name, count):
+    pods = world.pods(f"{OPERATOR_JOB_LABEL}={name}")
+    if len(pods) == count and all(p.status.phase == "Running" for p in pods):
+        return pods
+    return None
+
+
+def test_a_job_runs_on_the_pools_kwok_nodes_through_the_real_operator_and_scheduler(
+        db, kube_world, fsx):
+    pool = gpu_pool(kube_world)
+    cluster = kube_cluster(kube_world, pool, fsx)
+    now = timezone.now()
+    reconcile_cluster(cluster.id, now)
+    rows = Node.objects.filter(cluster=cluster)
+    assert {(n.name, n.state, n.gpus) for n in rows} == {
+        (pool.node_name(i), Node.State.READY, 8) for i in range(pool.size)}
+
+    team = team_with_quota(cluster, gpus=24)
+    job = submit(cluster, team, nodes=2, gpus=8, image="registry.example/trainer:2.1",
+                 storage_uri=str(fsx / "train"))
+    launch(job, later(now, 1))
+    job.refresh_from_db()
+    assert job.phase == Phase.STARTING, job.last_error
+    attempt = job.attempts.get()
+    name = attempt.provider_ref["name"]
+    placed = list(attempt.placements.order_by("node_rank").values_list("node__name", flat=True))
+
+    # The operator makes one pod per replica; the scheduler binds each to the
+    # node Regatta chose; kwok brings it to Running.
+    pods = eventually(lambda: running_pods(kube_world, name, 2), timeout=60, interval=0.2,
+                      what="the operator's pods to run")
+    by_type = {p.metadata.labels["training.kubeflow.org/replica-type"]: p for p in pods}
+    assert by_type["master"].spec.node_name == placed[0]
+    assert by_type["worker"].spec.node_name == placed[1]
+    for rank, pod in enumerate((by_type["master"], by_type["worker"])):
+        assert pod.metadata.labels["regatta.io/attempt-id"] == str(attempt.id)
+        (container,) = pod.spec.containers
+        env = {e.name: e for e in container.env}
+        # What the operator injects for torchrun's rendezvous: one node per
+        # pod, eight processes each.
+        assert env["MASTER_ADDR"].value == name + "-master-0"
+        assert env["PET_NNODES"].value == "2" and env["PET_NPROC_PER_NODE"].value == "8"
+        assert env["PET_NODE_RANK"].value == str(rank)
+        assert env["WORLD_SIZE"].value == "16"
+        assert env["REGATTA_TOKEN"].value_from.secret_key_ref.name == f"{name}-token"
+        assert container.resources.limits["nvidia.com/gpu"] == "8"
+
+    job_obj = eventually(lambda: (j := kube_world.pytorchjob(name)) and any(
+        c["type"] == "Running" and c["status"] == "True"
+        for c in (j.get("status") or {}).get("conditions") or []) and j,
+        timeout=30, interval=0.2, what="the PyTorchJob's Running condition")
+    assert job_obj["spec"]["runPolicy"]["backoffLimit"] == 0
+
+    # The trainer's first heartbeat: the one part kwok cannot play.
+    heartbeat(attempt, 1, later(now, 5))
+    reconcile_job(job.id, later(now, 6))
+    job.refresh_from_db()
+    attempt.refresh_from_db()
+    assert job.phase == Phase.RUNNING
+    assert attempt.state == JobAttempt.State.RUNNING
+
+
+def running_job(world, fsx, *, pool_size=3, nodes=2, image="registry.example/trainer:2.1",
+                heartbeats=True, pool_settings=None):
+    """A job launched on a fresh pool, its pods Running and (unless told
+    otherwise) its trainer's first heartbeat in, so the job is running."""
+    pool = gpu_pool(world, size=pool_size)
+    cluster = kube_cluster(world, pool, fsx)
+    if pool_settings:
+        NodePool.objects.filter(cluster=cluster).update(settings=pool_settings)
+    now = timezone.now()
+    reconcile_cluster(cluster.id, now)
+    team = team_with_quota(cluster, gpus=8 * pool_size)
+    job = submit(cluster, team, nodes=nodes, gpus=8, image=image,
+                 storage_uri=str(fsx / "train"))
+    launch(job, later(now, 1))
+    job.refresh_from_db()
+    assert job.phase == Phase.STARTING, job.last_error
+    attempt = job.attempts.get()
+    name = attempt.provider_ref["name"]
+    if heartbeats:
+        eventually(lambda: running_pods(world, name, nodes), timeout=60, interval=0.2,
+                   what="the operator's pods to run")
+        heartbeat(attempt, 1, later(now, 5))
+        reconcile_job(job.id, later(now, 6))
+        job.refresh_from_db()
+        assert job.phase == Phase.RUNNING
+    return job, attempt, name, later(now, 6)
+
+
+def pod_phase(world, name):
+    pods = world.core.list_namespaced_pod(TRAINING_NS, field_selector=f"metadata.name={name}")
+    return pods.items[0].status.phase if pods.items else None
+
+
+def test_a_rank_that_exits_with_an_error_fails_the_job_at_once(db, kube_world, fsx):
+    job, attempt, name, now = running_job(kube_world, fsx)
+    kube_world.fleet.fail_pod(TRAINING_NS, f"{name}-worker-0", exit_code=1,
+                              message="ValueError: learning rate must be positive")
+    eventually(lambda: pod_phase(kube_world, f"{name}-worker-0") == "Failed", timeout=30,
+               interval=0.2, what="kwok to fail the worker's container")
+
+    reconcile_job(job.id, later(now, 5))
+
+    job.refresh_from_db()
+    attempt.refresh_from_db()
+    assert job.phase == Phase.FAILED, (job.phase, job.last_error)
+    assert attempt.failure_class == "code" and attempt.exit_code == 1
+    assert job.attempts.count() == 1  # never relaunched
+    # Its PyTorchJob is deleted, and its pods with it by garbage collection.
+    eventually(lambda: kube_world.pytorchjob(name) is None, timeout=60, interval=0.2,
+               what="the PyTorchJob to go")
+    eventually(lambda: not kube_world.pods(f"{OPERATOR_JOB_LABEL}={name}"), timeout=60,
+               interval=0.2, what="its pods to go")
+
+
+def test_an_image_that_cannot_be_pulled_is_the_users_error(db, kube_world, fsx):
+    from testcluster.stages import MISSING_IMAGE
+
+    job, attempt, name, now = running_job(kube_world, fsx, image=MISSING_IMAGE, heartbeats=False)
+
+    def pull_failed():
+        pods = kube_world.pods(f"{OPERATOR_JOB_LABEL}={name}")
+        return len(pods) == 2 and all(
+            (p.status.container_statuses or [None])[0] is not None
+            and p.status.container_statuses[0].state.waiting is not None
+            for p in pods)
+
+    eventually(pull_failed, timeout=60, interval=0.2, what="the image pull to fail")
+    reconcile_job(job.id, later(now, job.cluster.config.observe_interval_s))
+
+    job.refresh_from_db()
+    attempt.refresh_from_db()
+    assert job.phase == Phase.FAILED
+    assert attempt.failure_class == "code"
+    assert "ErrImagePull" in attempt.failure_reason and MISSING_IMAGE in job.last_error
+
+
+def test_a_gang_the_scheduler_cannot_place_waits_with_the_schedulers_reason(db, kube_world, fsx):
+    pool = gpu_pool(kube_world, size=2)
+    cluster = kube_cluster(kube_world, pool, fsx)
+    now = timezone.now()
+    reconcile_cluster(cluster.id, now)
+    # Another tenant's pod holds one node's GPUs: Regatta's rows do not know,
+    # the scheduler does.
+    other = pool.node_name(0)
+    kube_world.core.create_namespaced_pod("default", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "someone-elses"},
+        "spec": {"nodeName": other, "containers": [{
+            "name": "c", "image": "registry.example/other:1",
+            "resources": {"limits": {"nvidia.com/gpu": "8"}}}],
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]}})
+    team = team_with_quota(cluster, gpus=16)
+    job = submit(cluster, team, nodes=2, gpus=8, image="registry.example/trainer:2.1",
+                 storage_uri=str(fsx / "train"))
+    launch(job, later(now, 1))
+    attempt = job.attempts.get()
+    name = attempt.provider_ref["name"]
+
+    def unschedulable():
+        for pod in kube_world.pods(f"{OPERATOR_JOB_LABEL}={name}"):
+            for cond in pod.status.conditions or []:
+                if cond.type == "PodScheduled" and cond.status == "False":
+                    return cond.message
+        return None
+
+    message = eventually(unschedulable, timeout=60, interval=0.2,
+                         what="the scheduler to give up on a pod")
+    assert "Insufficient nvidia.com/gpu" in message
+    reconcile_job(job.id, later(now, 5))
+    job.refresh_from_db()
+    assert job.phase == Phase.STARTING
+    assert "Unschedulable" in job.pending_reason
+    assert "Insufficient nvidia.com/gpu" in job.pending_reason
+
+    # The other pod goes: the scheduler places the gang and kwok runs it.
+    kube_world.core.delete_namespaced_pod("someone-elses", "default", grace_period_seconds=0)
+    eventually(lambda: running_pods(kube_world, name, 2), timeout=60, interval=0.2,
+               what="the gang to be placed")
+
+
+def test_cancel_deletes_the_pytorchjob_and_garbage_collection_takes_its_pods(db, kube_world, fsx):
+    job, attempt, name, now = running_job(kube_world, fsx)
+    assert kube_world.pods(f"{OPERATOR_JOB_LABEL}={name}")
+
+    job.request_cancel("owner", now=later(now, 1))
+    reconcile_job(job.id, later(now, 2))
+
+    eventually(lambda: kube_world.pytorchjob(name) is None, timeout=60, interval=0.2,
+               what="the PyTorchJob to go")
+    eventually(lambda: not kube_world.pods(f"{OPERATOR_JOB_LABEL}={name}"), timeout=60,
+               interval=0.2, what="its pods to go")
+    secrets = kube_world.core.list_namespaced_secret(TRAINING_NS).items
+    assert f"{name}-token" not in {s.metadata.name for s in secrets}
+    reconcile_job(job.id, later(now, 5))
+    job.refresh_from_db()
+    assert job.phase == Phase.CANCELLED
+
+
+def test_a_node_that_goes_not_ready_is_cordoned_and_the_job_relaunched_on_healthy_nodes(
+        db, kube_world, fsx):
+    job, attempt, name, now = running_job(kube_world, fsx, pool_settings={
+        "node_autoscaler": "karpenter"})
+    placed = list(attempt.placements.order_by("node_rank").values_list("node__name", flat=True))
+    bad = placed[1]
+    kube_world.fleet.make_not_ready(bad)
+    eventually(lambda: not kube_world.fleet.ready(bad), timeout=30, interval=0.2,
+               what="kwok to report the node NotReady")
+
+    reconcile_cluster(job.cluster_id, later(now, 5))
+    reconcile_job(job.id, later(now, 6))
+
+    # Cordoned by a real PATCH with Regatta's own token.
+    node = kube_world.core.read_node(bad)
+    assert node.spec.unschedulable is True
+    job.refresh_from_db()
+    attempt.refresh_from_db()
+    assert attempt.state in JobAttempt.ENDED and attempt.failure_class == "hardware"
+    second = job.attempts.get(number=2)
+    new_nodes = set(second.placements.values_list("node__name", flat=True))
+    assert bad not in new_nodes and len(new_nodes) == 2
+    # The relaunch's pods run on the healthy nodes; the first attempt's are gone.
+    second_name = second.provider_ref["name"]
+    pods = eventually(lambda: running_pods(kube_world, second_name, 2), timeout=60,
+                      interval=0.2, what="the relaunch's pods to run")
+    assert {p.spec.node_name for p in pods} == new_nodes
+    eventually(lambda: not kube_world.pods(f"{OPERATOR_JOB_LABEL}={name}"), timeout=60,
+               interval=0.2, what="the first attempt's pods to go")
+
+
+def test_drain_evicts_through_the_eviction_api_and_honours_a_disruption_budget(db, kube_world, fsx):
+    job, attempt, name, now = running_job(kube_world, fsx)
+    placed = list(attempt.placements.order_by("node_rank").values_list("node__name", flat=True))
+    provider = get_provider(job.cluster)
+    pool = pool_info(job.cluster.pools.get())
+    # Someone protects the gang: no pod of it may be disrupted.
+    policy = k8s.PolicyV1Api(kube_world.admin)
+    policy.create_namespaced_pod_disruption_budget(TRAINING_NS, {
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "whole-gang"},
+            "spec": {"maxUnavailable": 0,
+                     "selector": {"matchLabels": {OPERATOR_JOB_LABEL: name}}}})
+    worker = f"{name}-worker-0"
+
+    def budget_counted():
+        pdb = policy.read_namespaced_pod_disruption_budget("whole-gang", TRAINING_NS)
+        return pdb.status and pdb.status.expected_pods == 2
+
+    # The controller-manager's disruption controller must have counted the pods.
+    eventually(budget_counted, timeout=30, interval=0.2, what="the budget's status")
+    with pytest.raises(TemporaryError):
+        provider.drain(pool, placed[1], grace_s=0)
+    assert kube_world.core.read_node(placed[1]).spec.unschedulable is True
+    assert pod_phase(kube_world, worker) == "Running"
+
+    policy.delete_namespaced_pod_disruption_budget("whole-gang", TRAINING_NS)
+    provider.drain(pool, placed[1], grace_s=0)
+    eventually(lambda: pod_phase(kube_world, worker) is None, timeout=60, interval=0.2,
+               what="the evicted pod to go")
+    assert pod_phase(kube_world, f"{name}-master-0") == "Running"
