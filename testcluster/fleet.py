@@ -9,6 +9,7 @@ what a kubelet, the cloud or a termination handler would, through the API.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from kubernetes import client as k8s
@@ -109,11 +110,13 @@ class Fleet:
     def fail_pod(self, namespace: str, pod: str, exit_code: int = 1,
                  reason: str = "Error", message: str = "") -> None:
         """The pod's container exits with `exit_code` (kwok's chaos stage)."""
+        # kwok's template writes the reason and message into YAML unquoted, so
+        # a message such as "ValueError: …" would not parse: they go quoted.
         annotations = {f"{FAIL_ANNOTATION}/exit-code": str(exit_code),
-                       f"{FAIL_ANNOTATION}/reason": reason,
+                       f"{FAIL_ANNOTATION}/reason": json.dumps(reason),
                        f"{FAIL_ANNOTATION}/delay": "0", f"{FAIL_ANNOTATION}/jitter-delay": "0"}
         if message:
-            annotations[f"{FAIL_ANNOTATION}/message"] = message
+            annotations[f"{FAIL_ANNOTATION}/message"] = json.dumps(message)
         self.core.patch_namespaced_pod(pod, namespace, {"metadata": {
             "labels": {FAIL_LABEL: "true"}, "annotations": annotations}})
 

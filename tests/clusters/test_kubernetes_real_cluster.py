@@ -6,12 +6,14 @@ training-operator from testcluster/, applies deploy/, and hands Regatta a
 kubeconfig holding deploy/'s ServiceAccount token. Everything here happens
 as it would on a cluster: the operator makes the pods, the scheduler binds
 them, the controller-manager garbage-collects and taints. kwok plays the
-kubelets and runs no containers, so the trainer's heartbeats are the one
-thing a test writes itself (fleet_helpers.heartbeat), and a test chooses
-when a container exits, with what code (testcluster/fleet.py).
+kubelets and runs no containers, so what the trainer would report (its
+heartbeats, a crash) a test reports itself, and a test chooses when a
+container exits, with what code (testcluster/fleet.py).
 """
 
 from __future__ import annotations
+
+import base64
 
 import pytest
 from django.utils import timezone
@@ -23,6 +25,7 @@ from clusters.reconcile import reconcile_cluster
 from controlplane.lib.errors import TemporaryError
 from jobs.models import JobAttempt, Phase
 from jobs.reconcile import reconcile_job
+from tests.api_factories import worker_client
 from tests.fleet_helpers import heartbeat, later, launch, submit, team_with_quota
 from tests.support.kube_cluster import CHECKPOINT_PVC, TRAINING_NS
 from tests.support.waiting import eventually
@@ -57,6 +60,12 @@ def kube_cluster(world, pool, fsx, **settings_):
 
 def gpu_pool(world, size=3):
     return world.make_pool(size=size, labels={DCGM_LABEL: "pass"})
+
+
+def condition_true(job, kind):
+    """The PyTorchJob if its condition `kind` is True, else None."""
+    conditions = ((job or {}).get("status") or {}).get("conditions") or []
+    return job if any(c["type"] == kind and c["status"] == "True" for c in conditions) else None
 
 
 def running_pods(world, name, count):
@@ -106,11 +115,10 @@ def test_a_job_runs_on_the_pools_kwok_nodes_through_the_real_operator_and_schedu
         assert env["REGATTA_TOKEN"].value_from.secret_key_ref.name == f"{name}-token"
         assert container.resources.limits["nvidia.com/gpu"] == "8"
 
-    job_obj = eventually(lambda: (j := kube_world.pytorchjob(name)) and any(
-        c["type"] == "Running" and c["status"] == "True"
-        for c in (j.get("status") or {}).get("conditions") or []) and j,
-        timeout=30, interval=0.2, what="the PyTorchJob's Running condition")
-    assert job_obj["spec"]["runPolicy"]["backoffLimit"] == 0
+    job_obj = eventually(lambda: condition_true(kube_world.pytorchjob(name), "Running"),
+                         timeout=30, interval=0.2, what="the PyTorchJob's Running condition")
+    assert job_obj["spec"]["runPolicy"]["cleanPodPolicy"] == "None"
+    assert "backoffLimit" not in job_obj["spec"]["runPolicy"]
 
     # The trainer's first heartbeat: the one part kwok cannot play.
     heartbeat(attempt, 1, later(now, 5))
@@ -149,6 +157,16 @@ def running_job(world, fsx, *, pool_size=3, nodes=2, image="registry.example/tra
     return job, attempt, name, later(now, 6)
 
 
+def trainer_reports_crash(world, attempt, name, rank, message):
+    secret = world.core.read_namespaced_secret(f"{name}-token", TRAINING_NS)
+    token = base64.b64decode(secret.data["token"]).decode()
+    resp = worker_client(token).post(
+        f"/api/v1/worker/attempts/{attempt.pk}/events",
+        {"kind": "crashed", "rank": rank, "message": message,
+         "data": {"failure_class": "code", "exit_code": 1}}, format="json")
+    assert resp.status_code == 201, resp.content
+
+
 def pod_phase(world, name):
     pods = world.core.list_namespaced_pod(TRAINING_NS, field_selector=f"metadata.name={name}")
     return pods.items[0].status.phase if pods.items else None
@@ -156,11 +174,21 @@ def pod_phase(world, name):
 
 def test_a_rank_that_exits_with_an_error_fails_the_job_at_once(db, kube_world, fsx):
     job, attempt, name, now = running_job(kube_world, fsx)
+    # The SDK reports the exception, then the program exits 1 (kwok plays
+    # the exit; the report goes through the worker API with the attempt's
+    # token, read from the Secret the pods get it from).
+    trainer_reports_crash(kube_world, attempt, name, rank=8,
+                          message="ValueError: learning rate must be positive")
     kube_world.fleet.fail_pod(TRAINING_NS, f"{name}-worker-0", exit_code=1,
                               message="ValueError: learning rate must be positive")
     eventually(lambda: pod_phase(kube_world, f"{name}-worker-0") == "Failed", timeout=30,
                interval=0.2, what="kwok to fail the worker's container")
 
+    # The operator marks the job Failed and keeps both pods: the exit code
+    # stays readable.
+    eventually(lambda: condition_true(kube_world.pytorchjob(name), "Failed"), timeout=30,
+               interval=0.2, what="the operator to mark the PyTorchJob Failed")
+    assert pod_phase(kube_world, f"{name}-master-0") == "Running"
     reconcile_job(job.id, later(now, 5))
 
     job.refresh_from_db()
@@ -294,12 +322,14 @@ def test_drain_evicts_through_the_eviction_api_and_honours_a_disruption_budget(d
     placed = list(attempt.placements.order_by("node_rank").values_list("node__name", flat=True))
     provider = get_provider(job.cluster)
     pool = pool_info(job.cluster.pools.get())
-    # Someone protects the gang: no pod of it may be disrupted.
+    # Someone protects the gang: all of its pods must stay. (maxUnavailable
+    # would not do: the disruption controller cannot count the pods of an
+    # owner without a scale subresource, which PyTorchJob lacks.)
     policy = k8s.PolicyV1Api(kube_world.admin)
     policy.create_namespaced_pod_disruption_budget(TRAINING_NS, {
             "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
             "metadata": {"name": "whole-gang"},
-            "spec": {"maxUnavailable": 0,
+            "spec": {"minAvailable": 2,
                      "selector": {"matchLabels": {OPERATOR_JOB_LABEL: name}}}})
     worker = f"{name}-worker-0"
 
@@ -314,8 +344,16 @@ def test_drain_evicts_through_the_eviction_api_and_honours_a_disruption_budget(d
     assert kube_world.core.read_node(placed[1]).spec.unschedulable is True
     assert pod_phase(kube_world, worker) == "Running"
 
+    evicted = kube_world.core.read_namespaced_pod(worker, TRAINING_NS).metadata.uid
     policy.delete_namespaced_pod_disruption_budget("whole-gang", TRAINING_NS)
     provider.drain(pool, placed[1], grace_s=0)
-    eventually(lambda: pod_phase(kube_world, worker) is None, timeout=60, interval=0.2,
-               what="the evicted pod to go")
+
+    def replaced():
+        pod = kube_world.core.read_namespaced_pod(worker, TRAINING_NS)
+        return pod if pod.metadata.uid != evicted else None
+
+    # The operator makes the missing replica again, under the same name; the
+    # scheduler cannot put it back on the cordoned node it is pinned to.
+    again = eventually(replaced, timeout=60, interval=0.2, what="the evicted pod to go")
+    assert again.spec.node_name is None
     assert pod_phase(kube_world, f"{name}-master-0") == "Running"

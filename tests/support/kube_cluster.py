@@ -78,14 +78,18 @@ class KubeWorld:
 
     def clean_namespace(self, namespace: str = TRAINING_NS, timeout: float = 60) -> None:
         """Deletes every PyTorchJob, pod and Secret a test left, and waits
-        until the pods are gone (kwok's pod-delete stage finishes them)."""
+        until they are gone (kwok's pod-delete stage finishes the pods, the
+        garbage collector the jobs): the next test's job may have the same
+        name, since its database starts over."""
         self.custom.delete_collection_namespaced_custom_object(
             "kubeflow.org", "v1", namespace, "pytorchjobs")
         self.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
         self.core.delete_collection_namespaced_secret(namespace)
         k8s.PolicyV1Api(self.admin).delete_collection_namespaced_pod_disruption_budget(namespace)
-        eventually(lambda: not self.core.list_namespaced_pod(namespace).items,
-                   timeout=timeout, interval=0.2, what=f"the pods of {namespace} to go")
+        eventually(lambda: not self.core.list_namespaced_pod(namespace).items and not
+                   self.custom.list_namespaced_custom_object(
+                       "kubeflow.org", "v1", namespace, "pytorchjobs")["items"],
+                   timeout=timeout, interval=0.2, what=f"the pods and jobs of {namespace} to go")
 
 
 def _unavailable(reason: str) -> None:
