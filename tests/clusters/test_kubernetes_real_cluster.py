@@ -357,3 +357,22 @@ def test_drain_evicts_through_the_eviction_api_and_honours_a_disruption_budget(d
     again = eventually(replaced, timeout=60, interval=0.2, what="the evicted pod to go")
     assert again.spec.node_name is None
     assert pod_phase(kube_world, f"{name}-master-0") == "Running"
+
+
+def test_a_restarted_control_plane_finds_the_pytorchjob_and_its_pods_again(db, kube_world, fsx):
+    job, attempt, name, now = running_job(kube_world, fsx)
+    uid = kube_world.pytorchjob(name)["metadata"]["uid"]
+
+    # A new process knows the attempt only by the reference in its row.
+    attempt.refresh_from_db()
+    status = get_provider(job.cluster).observe(attempt.provider_ref)
+    placed = dict(attempt.placements.values_list("node_rank", "node__name"))
+    assert status.state == "running"
+    assert {(n.node_rank, n.node, n.running) for n in status.nodes} == {
+        (rank, node, True) for rank, node in placed.items()}
+    heartbeat(attempt, 40, later(now, 30))
+    reconcile_job(job.id, later(now, 31))
+
+    job.refresh_from_db()
+    assert job.phase == Phase.RUNNING and job.attempts.count() == 1
+    assert attempt.provider_ref["uid"] == uid == kube_world.pytorchjob(name)["metadata"]["uid"]
