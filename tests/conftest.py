@@ -21,10 +21,6 @@ from controlplane.embedded import start_redis
 from jobs.models import Quota, Team
 from tests.support import memory_provider as memory
 
-# The real Kubernetes control plane (testcluster/), started once per session
-# by the first test that asks for it.
-from tests.support.kube_cluster import kube, kube_world  # noqa: F401
-
 # The in-memory fleet is a test double, not a product provider: registered here.
 memory.register()
 

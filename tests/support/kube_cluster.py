@@ -10,8 +10,9 @@ exactly the rights deploy/ grants. `kube_world` gives each test its own
 GPU pool of kwok nodes and removes it, and whatever ran in the training
 namespace, afterwards.
 
-Where Go is missing these tests skip with one line saying how to enable
-them, unless CI=true: CI must never skip them.
+Loaded as a plugin (pyproject's addopts). Where Go is missing, the tests
+that use the cluster are left out with one line saying how to enable them,
+unless CI=true: CI must never skip them, so there they fail.
 """
 
 from __future__ import annotations
@@ -92,10 +93,32 @@ class KubeWorld:
                    timeout=timeout, interval=0.2, what=f"the pods and jobs of {namespace} to go")
 
 
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
 def _unavailable(reason: str) -> None:
-    if os.environ.get("CI", "").lower() == "true":
+    if _in_ci():
         pytest.fail(f"CI must run the real-cluster tests: {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Without Go, leave the real-cluster tests out and say so once."""
+    if build.go_binary() is not None or _in_ci():
+        return
+    left_out = [item for item in items if "kube" in getattr(item, "fixturenames", ())]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if item not in left_out]
+        config._kube_left_out = len(left_out)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    count = getattr(config, "_kube_left_out", 0)
+    if count:
+        terminalreporter.write_line(
+            f"{count} real-cluster tests skipped: {build.ENABLE_HINT}", yellow=True)
 
 
 def _shared_file_system(core: k8s.CoreV1Api) -> None:
