@@ -376,3 +376,38 @@ def test_a_restarted_control_plane_finds_the_pytorchjob_and_its_pods_again(db, k
     job.refresh_from_db()
     assert job.phase == Phase.RUNNING and job.attempts.count() == 1
     assert attempt.provider_ref["uid"] == uid == kube_world.pytorchjob(name)["metadata"]["uid"]
+
+
+def test_a_spot_interruption_taint_on_an_idle_node_replaces_it_the_karpenter_way(
+        db, kube_world, fsx):
+    from clusters.models import NodeHealthEvent
+    from testcluster.fleet import SPOT_ITN_TAINT
+
+    pool = gpu_pool(kube_world, size=2)
+    cluster = kube_cluster(kube_world, pool, fsx)
+    NodePool.objects.filter(cluster=cluster).update(settings={"node_autoscaler": "karpenter"})
+    now = timezone.now()
+    reconcile_cluster(cluster.id, now)
+    doomed = pool.node_name(0)
+    # What AWS Node Termination Handler does on EC2's two-minute notice.
+    kube_world.fleet.taint(doomed, SPOT_ITN_TAINT)
+
+    reconcile_cluster(cluster.id, later(now, 5))
+
+    (event,) = NodeHealthEvent.objects.filter(node__name=doomed)
+    assert event.kind == "spot_notice" and event.severity == "critical"
+    assert Node.objects.get(name=doomed).state == Node.State.REPLACED
+    # Deleted with deploy/'s rights, for Karpenter to terminate, and a
+    # capacity pod asks Karpenter for the successor, never on the doomed node.
+    eventually(lambda: doomed not in {n.metadata.name for n in kube_world.core.list_node().items},
+               timeout=30, interval=0.2, what="the Node to be deleted")
+    def placed_capacity_pod():
+        pods = kube_world.pods("regatta.io/purpose=capacity")
+        return pods if pods and pods[0].spec.node_name else None
+
+    (asked,) = eventually(placed_capacity_pod, timeout=30, interval=0.2,
+                          what="the scheduler to place the capacity pod")
+    # A known limit: with a free node left in the pool, the scheduler binds
+    # the capacity pod there, so Karpenter sees nothing pending and launches
+    # no successor; the pool is one node smaller until a job needs more.
+    assert asked.spec.node_name == pool.node_name(1)
