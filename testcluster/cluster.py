@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import ssl
@@ -131,19 +132,24 @@ class TestCluster:
             start_new_session=True,
         )
         log.close()
-        (self.pids / f"{name}.pid").write_text(str(proc.pid))
+        (self.pids / f"{name}.pid").write_text(f"{proc.pid}\n{self.bin_dir / name}\n")
 
     def running(self) -> dict[str, int]:
+        """Live processes this folder started. A pid counts only while it
+        still runs the binary it was started with: after a reboot or a crash
+        the number may belong to some other process, which `down` must
+        never signal."""
         alive = {}
         if not self.pids.exists():
             return alive
         for pidfile in sorted(self.pids.glob("*.pid")):
-            pid = int(pidfile.read_text())
+            pid_text, _, binary = pidfile.read_text().partition("\n")
             try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
+                argv0 = Path(f"/proc/{int(pid_text)}/cmdline").read_bytes().split(b"\0")[0]
+            except (OSError, ValueError):
                 continue
-            alive[pidfile.stem] = pid
+            if argv0.decode(errors="replace") == binary.strip():
+                alive[pidfile.stem] = int(pid_text)
         return alive
 
     def down(self) -> None:
@@ -207,8 +213,6 @@ class TestCluster:
         for sub in ("logs", "pids", "etcd"):
             path = self.state / sub
             if sub == "etcd" and path.exists():
-                import shutil
-
                 shutil.rmtree(path)
             path.mkdir(parents=True, exist_ok=True)
         self._started: list[str] = []

@@ -349,8 +349,10 @@ def test_drain_evicts_through_the_eviction_api_and_honours_a_disruption_budget(d
     provider.drain(pool, placed[1], grace_s=0)
 
     def replaced():
-        pod = kube_world.core.read_namespaced_pod(worker, TRAINING_NS)
-        return pod if pod.metadata.uid != evicted else None
+        # Between the eviction and the operator's next pass there is no such pod.
+        pods = kube_world.core.list_namespaced_pod(
+            TRAINING_NS, field_selector=f"metadata.name={worker}").items
+        return pods[0] if pods and pods[0].metadata.uid != evicted else None
 
     # The operator makes the missing replica again, under the same name; the
     # scheduler cannot put it back on the cordoned node it is pinned to.

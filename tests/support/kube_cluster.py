@@ -97,28 +97,37 @@ def _in_ci() -> bool:
     return os.environ.get("CI", "").lower() == "true"
 
 
-def _unavailable(reason: str) -> None:
-    if _in_ci():
-        pytest.fail(f"CI must run the real-cluster tests: {reason}", pytrace=False)
-    pytest.skip(reason)
+def _why_unavailable() -> str | None:
+    """Why the cluster cannot start here, or None. Binaries are built by
+    `make test` (or `make kube-build`) before pytest starts, never inside a
+    test: a cold build takes tens of minutes."""
+    if build.go_binary() is None:
+        return build.ENABLE_HINT
+    if not build.binaries_present(build.bin_dir()):
+        return ("the test cluster is not built: run `make kube-build` (tens of minutes the "
+                "first time) to enable the real-cluster tests")
+    return None
 
 
 def pytest_collection_modifyitems(config, items):
-    """Without Go, leave the real-cluster tests out and say so once."""
-    if build.go_binary() is not None or _in_ci():
+    """Leave the real-cluster tests out when the cluster cannot start, and
+    say so once (at the end of the run); never in CI, where they fail."""
+    reason = _why_unavailable()
+    if reason is None or _in_ci():
         return
     left_out = [item for item in items if "kube" in getattr(item, "fixturenames", ())]
     if left_out:
         config.hook.pytest_deselected(items=left_out)
         items[:] = [item for item in items if item not in left_out]
-        config._kube_left_out = len(left_out)
+        config._kube_left_out = (len(left_out), reason)
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    count = getattr(config, "_kube_left_out", 0)
-    if count:
-        terminalreporter.write_line(
-            f"{count} real-cluster tests skipped: {build.ENABLE_HINT}", yellow=True)
+    left_out = getattr(config, "_kube_left_out", None)
+    if left_out:
+        count, reason = left_out
+        terminalreporter.write_line(f"{count} real-cluster tests skipped: {reason}",
+                                    yellow=True)
 
 
 def _shared_file_system(core: k8s.CoreV1Api) -> None:
@@ -139,12 +148,10 @@ def _shared_file_system(core: k8s.CoreV1Api) -> None:
 
 @pytest.fixture(scope="session")
 def kube():
-    if build.go_binary() is None:
-        _unavailable(build.ENABLE_HINT)
-    try:
-        bin_dir = build.build()
-    except build.BuildError as exc:
-        _unavailable(str(exc))
+    reason = _why_unavailable()
+    if reason is not None:
+        pytest.fail(f"CI must run the real-cluster tests: {reason}", pytrace=False)
+    bin_dir = build.bin_dir()
     state = Path(settings.STATE_DIR) / "kube"
     cluster = TestCluster(state, bin_dir)
     cluster.up(log=lambda line: None)
