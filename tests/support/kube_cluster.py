@@ -84,7 +84,11 @@ class KubeWorld:
         name, since its database starts over."""
         self.custom.delete_collection_namespaced_custom_object(
             "kubeflow.org", "v1", namespace, "pytorchjobs")
-        self.core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        # With their grace period, as a kubelet would see it: kwok's pod-delete
+        # stage then removes them at once. Deleting them with none races that
+        # stage, whose failed delete kwok retries a minute later under the
+        # pod's name, which the next test's pod may by then carry.
+        self.core.delete_collection_namespaced_pod(namespace)
         self.core.delete_collection_namespaced_secret(namespace)
         k8s.PolicyV1Api(self.admin).delete_collection_namespaced_pod_disruption_budget(namespace)
         eventually(lambda: not self.core.list_namespaced_pod(namespace).items and not
