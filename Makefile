@@ -9,7 +9,8 @@ STAMP := $(VENV)/.installed-stamp
 # pull the newest CUDA build.
 TORCH ?= 2.13.0
 
-.PHONY: run test test-fast test-trainer install migrate demo lint bench clean
+.PHONY: run test test-fast test-trainer install migrate demo lint bench clean \
+	kube-build kube-build-if-go kube-up kube-down
 
 $(STAMP): pyproject.toml worker_image/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +39,7 @@ run: demo
 # redis-server and its socket), so it never shares one with a running
 # `make run`. Set REGATTA_STATE_DIR to put it elsewhere (.ci/run does).
 test: export REGATTA_STATE_DIR ?= $(CURDIR)/.regatta/test
-test: install
+test: install kube-build-if-go
 	$(PY) -m pytest --durations=25 $(PYTEST_ARGS)
 
 # The inner loop: the tests not marked slow (no torchrun ranks, browser,
@@ -59,6 +60,30 @@ test-fast: install
 test-trainer: export REGATTA_STATE_DIR ?= $(CURDIR)/.regatta/test-trainer
 test-trainer: install
 	$(PY) -m pytest -n $(FAST_WORKERS) --dist loadfile --durations=10 tests/worker_image $(PYTEST_ARGS)
+
+# The real Kubernetes test cluster (testcluster/, docs/kubernetes.md): its
+# binaries are built from Go modules into ~/.cache/regatta-kube/<versions>/
+# (a cold build takes tens of minutes; later ones find them there).
+# kube-up starts it on loopback ports with a kwok GPU fleet and prints the
+# kubeconfigs; kube-down stops it.
+KUBE_STATE ?= $(CURDIR)/.regatta/kube
+
+kube-build: install
+	$(PY) -m testcluster build
+
+# `make test` builds the cluster first where Go is installed, so the build's
+# minutes show up here rather than inside the first test that needs it;
+# without Go the real-cluster tests skip (CI=true makes them fail instead).
+kube-build-if-go: install
+	@if command -v go >/dev/null || [ -x /usr/local/go/bin/go ]; then \
+		$(PY) -m testcluster build; \
+	else echo "kube: no Go here; the real-cluster tests will skip"; fi
+
+kube-up: install
+	$(PY) -m testcluster up --state $(KUBE_STATE)
+
+kube-down:
+	$(PY) -m testcluster down --state $(KUBE_STATE)
 
 # ruff, then the arrows (pyproject.toml's [tool.importlinter] contracts).
 lint: install

@@ -260,9 +260,15 @@ def _job(name, labels, settings, replicas, nproc, node_count) -> kf.KubeflowOrgV
             nproc_per_node=nproc,
             pytorch_replica_specs=replicas,
             run_policy=kf.KubeflowOrgV1RunPolicy(
-                # Regatta owns restarts (budgets per failure class): the operator
-                # must not restart anything, and keeps pods to read exit codes.
-                backoff_limit=0, clean_pod_policy="None", scheduling_policy=scheduling,
+                # Regatta owns restarts (budgets per failure class): with the
+                # replicas' restartPolicy Never the operator restarts nothing,
+                # and cleanPodPolicy None keeps the pods to read exit codes.
+                # No backoffLimit: with one set (even 0), the training-operator
+                # (v1.9) deletes every pod of the job on its first failure,
+                # before it marks the job Failed, cleanPodPolicy or not, and
+                # the exit code goes with them (test_kubernetes_real_cluster.py,
+                # test_a_rank_that_exits_with_an_error_fails_the_job_at_once).
+                clean_pod_policy="None", scheduling_policy=scheduling,
             ),
         ),
     )

@@ -1,0 +1,311 @@
+"""Starts and stops the cluster's processes in a state folder.
+
+Every process listens on a free loopback port, writes its log to
+`<state>/logs/` and its pid to `<state>/pids/`, so `down` (or a crashed test
+session's next `up`) stops exactly what this folder started. The components
+authenticate with static tokens (`<state>/tokens.csv`): the scheduler and the
+controller-manager as their own users, so the API server's bootstrap RBAC
+roles bind them as in a real cluster; kwok and the training-operator as
+cluster admins, the rights their own deployments' ClusterRoles grant.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from . import build, pki
+
+NAMESPACE_OPERATOR = "kubeflow"
+# The serving certificate's Secret and webhook configuration the
+# training-operator's cert rotator manages (its manifests/base/webhook).
+OPERATOR_WEBHOOK_SECRET = "training-operator-webhook-cert"
+OPERATOR_WEBHOOK_CONFIGURATION = "validator.training-operator.kubeflow.org"
+# kwok manages only the nodes annotated so (testcluster/fleet.py adds it).
+KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+SERVICE_CIDR = "10.96.0.0/16"
+ISSUER = "https://kubernetes.default.svc.cluster.local"
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Endpoints:
+    api_port: int
+    etcd_port: int
+    etcd_peer_port: int
+    kwok_port: int
+    webhook_port: int
+
+    @classmethod
+    def pick(cls) -> Endpoints:
+        return cls(*(free_port() for _ in range(5)))
+
+    @property
+    def api_url(self) -> str:
+        return f"https://127.0.0.1:{self.api_port}"
+
+
+class TestCluster:
+    """One cluster in one state folder."""
+
+    __test__ = False  # not a pytest test class, despite the name
+
+    def __init__(self, state: Path, bin_dir: Path | None = None):
+        self.state = Path(state).resolve()
+        self.bin_dir = bin_dir
+        self.logs = self.state / "logs"
+        self.pids = self.state / "pids"
+
+    # --- files ----------------------------------------------------------------
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.state / "admin.kubeconfig"
+
+    def _endpoints_file(self) -> Path:
+        return self.state / "endpoints.json"
+
+    def endpoints(self) -> Endpoints:
+        return Endpoints(**json.loads(self._endpoints_file().read_text()))
+
+    def _tokens(self) -> dict[str, str]:
+        path = self.state / "tokens.json"
+        if path.exists():
+            return json.loads(path.read_text())
+        tokens = {who: secrets.token_hex(24) for who in
+                  ("admin", "kube-scheduler", "kube-controller-manager")}
+        path.write_text(json.dumps(tokens))
+        path.chmod(0o600)
+        # token,user,uid,"groups"
+        rows = [f'{tokens["admin"]},regatta-testcluster-admin,admin,"system:masters"',
+                f'{tokens["kube-scheduler"]},system:kube-scheduler,kube-scheduler',
+                f'{tokens["kube-controller-manager"]},system:kube-controller-manager,'
+                'kube-controller-manager']
+        csv = self.state / "tokens.csv"
+        csv.write_text("\n".join(rows) + "\n")
+        csv.chmod(0o600)
+        return tokens
+
+    def write_kubeconfig(self, path: Path, token: str, user: str) -> Path:
+        ep = self.endpoints()
+        ca = self.state / "pki" / "ca.crt"
+        doc = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "regatta-testcluster",
+            "clusters": [{"name": "regatta-testcluster",
+                          "cluster": {"server": ep.api_url, "certificate-authority": str(ca)}}],
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [{"name": "regatta-testcluster",
+                          "context": {"cluster": "regatta-testcluster", "user": user}}],
+        }
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        path.chmod(0o600)
+        return path
+
+    # --- processes --------------------------------------------------------------
+    def _spawn(self, name: str, args: list[str], env: dict | None = None) -> None:
+        log = open(self.logs / f"{name}.log", "ab")
+        proc = subprocess.Popen(
+            [str(self.bin_dir / name), *args], stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, cwd=self.state, env={**os.environ, **(env or {})},
+            # Its own session: a Ctrl-C in the terminal that ran `make kube-up`
+            # does not take the cluster down; `down` does.
+            start_new_session=True,
+        )
+        log.close()
+        (self.pids / f"{name}.pid").write_text(f"{proc.pid}\n{self.bin_dir / name}\n")
+
+    def running(self) -> dict[str, int]:
+        """Live processes this folder started. A pid counts only while it
+        still runs the binary it was started with: after a reboot or a crash
+        the number may belong to some other process, which `down` must
+        never signal."""
+        alive = {}
+        if not self.pids.exists():
+            return alive
+        for pidfile in sorted(self.pids.glob("*.pid")):
+            pid_text, _, binary = pidfile.read_text().partition("\n")
+            try:
+                argv0 = Path(f"/proc/{int(pid_text)}/cmdline").read_bytes().split(b"\0")[0]
+            except (OSError, ValueError):
+                continue
+            if argv0.decode(errors="replace") == binary.strip():
+                alive[pidfile.stem] = int(pid_text)
+        return alive
+
+    def down(self) -> None:
+        """Stops every process this state folder started, last started first."""
+        order = ["training-operator", "kwok", "kube-scheduler", "kube-controller-manager",
+                 "kube-apiserver", "etcd"]
+        alive = self.running()
+        for name in sorted(alive, key=lambda n: order.index(n) if n in order else -1):
+            try:
+                os.kill(alive[name], signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and self.running():
+            time.sleep(0.1)
+        for pid in self.running().values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pidfile in self.pids.glob("*.pid") if self.pids.exists() else ():
+            pidfile.unlink()
+
+    def _wait(self, what: str, check, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            try:
+                if check():
+                    return
+            except Exception as exc:  # noqa: BLE001 - shown if it never comes up
+                last = exc
+            dead = [n for n in self._started if n not in self.running()]
+            if dead:
+                raise ClusterError(f"{', '.join(dead)} exited while waiting for {what}; "
+                                   f"see {self.logs}/{dead[0]}.log:\n{self._tail(dead[0])}")
+            time.sleep(0.1)
+        raise ClusterError(f"timed out waiting for {what} ({last})")
+
+    def _tail(self, name: str, lines: int = 30) -> str:
+        try:
+            return "\n".join((self.logs / f"{name}.log").read_text(errors="replace")
+                             .splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def _api_ok(self, path: str, token: str) -> bool:
+        ctx = ssl.create_default_context(cafile=str(self.state / "pki" / "ca.crt"))
+        req = urllib.request.Request(self.endpoints().api_url + path,
+                                     headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(req, context=ctx, timeout=2) as resp:
+            return resp.status == 200
+
+    def up(self, log=print) -> Path:
+        """Starts the cluster (stopping whatever this folder ran before) and
+        returns the admin kubeconfig. Idempotent only in that sense: a second
+        `up` is a fresh cluster, since etcd's data starts empty."""
+        if self.bin_dir is None:
+            self.bin_dir = build.build(log=log)
+        self.down()
+        for sub in ("logs", "pids", "etcd"):
+            path = self.state / sub
+            if sub == "etcd" and path.exists():
+                shutil.rmtree(path)
+            path.mkdir(parents=True, exist_ok=True)
+        self._started: list[str] = []
+        paths = pki.ensure(self.state / "pki")
+        tokens = self._tokens()
+        ep = Endpoints.pick()
+        self._endpoints_file().write_text(json.dumps(ep.__dict__))
+        self.write_kubeconfig(self.admin_kubeconfig, tokens["admin"], "admin")
+        scheduler_kc = self.write_kubeconfig(self.state / "scheduler.kubeconfig",
+                                             tokens["kube-scheduler"], "kube-scheduler")
+        cm_kc = self.write_kubeconfig(self.state / "controller-manager.kubeconfig",
+                                      tokens["kube-controller-manager"],
+                                      "kube-controller-manager")
+        started = time.monotonic()
+
+        etcd_url = f"http://127.0.0.1:{ep.etcd_port}"
+        peer_url = f"http://127.0.0.1:{ep.etcd_peer_port}"
+        self._spawn("etcd", [
+            "--name=testcluster", f"--data-dir={self.state / 'etcd'}",
+            f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=testcluster={peer_url}",
+            # A throwaway cluster: durability is not worth an fsync per write.
+            "--unsafe-no-fsync", "--log-level=warn",
+        ])
+        self._started.append("etcd")
+        self._spawn("kube-apiserver", [
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            f"--secure-port={ep.api_port}",
+            f"--tls-cert-file={paths['apiserver.crt']}",
+            f"--tls-private-key-file={paths['apiserver.key']}",
+            f"--client-ca-file={paths['ca.crt']}",
+            f"--token-auth-file={self.state / 'tokens.csv'}",
+            "--authorization-mode=Node,RBAC",
+            f"--service-account-issuer={ISSUER}",
+            f"--service-account-key-file={paths['sa.pub']}",
+            f"--service-account-signing-key-file={paths['sa.key']}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            # The `kubernetes` Service's endpoints would be this loopback
+            # address, which Endpoints validation rejects; nothing here needs it.
+            "--endpoint-reconciler-type=none",
+            "--allow-privileged=true", "--profiling=false", "--v=1",
+        ])
+        self._started.append("kube-apiserver")
+        self._wait("the API server", lambda: self._api_ok("/readyz", tokens["admin"]), 60)
+        log(f"testcluster: API server ready at {ep.api_url} "
+            f"({time.monotonic() - started:.1f} s)")
+
+        self._spawn("kube-controller-manager", [
+            f"--kubeconfig={cm_kc}", f"--authentication-kubeconfig={cm_kc}",
+            f"--authorization-kubeconfig={cm_kc}",
+            "--leader-elect=false", "--secure-port=0",
+            # Each controller acts with its own ServiceAccount's token, as kubeadm sets it up.
+            "--use-service-account-credentials=true",
+            f"--service-account-private-key-file={paths['sa.key']}",
+            f"--root-ca-file={paths['ca.crt']}",
+            "--controllers=*", "--v=1",
+        ])
+        self._started.append("kube-controller-manager")
+        self._spawn("kube-scheduler", [
+            f"--kubeconfig={scheduler_kc}", f"--authentication-kubeconfig={scheduler_kc}",
+            f"--authorization-kubeconfig={scheduler_kc}",
+            "--leader-elect=false", "--secure-port=0", "--v=1",
+        ])
+        self._started.append("kube-scheduler")
+        self._spawn("kwok", [
+            f"--kubeconfig={self.admin_kubeconfig}",
+            f"--config={self._kwok_config()}",
+            "--manage-all-nodes=false",
+            "--manage-nodes-with-annotation-selector=" + "=".join(KWOK_NODE_ANNOTATION),
+            f"--server-address=127.0.0.1:{ep.kwok_port}",
+            "--node-lease-duration-seconds=40",
+        ])
+        self._started.append("kwok")
+        from . import bootstrap
+
+        bootstrap.install_operator_prerequisites(self)
+        self._spawn("training-operator", [
+            "--enable-scheme=pytorchjob",
+            "--metrics-bind-address=0", "--health-probe-bind-address=0",
+            f"--webhook-server-port={ep.webhook_port}",
+        ], env={"KUBECONFIG": str(self.admin_kubeconfig),
+                "MY_POD_NAMESPACE": NAMESPACE_OPERATOR})
+        self._started.append("training-operator")
+        bootstrap.wait_ready(self)
+        log(f"testcluster: cluster ready ({time.monotonic() - started:.1f} s); "
+            f"admin kubeconfig {self.admin_kubeconfig}")
+        return self.admin_kubeconfig
+
+    def _kwok_config(self) -> Path:
+        from . import stages
+
+        path = self.state / "kwok.yaml"
+        path.write_text(stages.kwok_config())
+        return path

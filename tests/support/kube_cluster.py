@@ -1,0 +1,185 @@
+"""A real Kubernetes control plane for the suite (testcluster/), once per
+test session, in the suite's state folder on free loopback ports.
+
+`kube` starts etcd, kube-apiserver (Node,RBAC, ServiceAccount tokens),
+kube-scheduler, kube-controller-manager, kwok and the Kubeflow
+training-operator; applies deploy/ (its RBAC for real, its workloads
+validated with a server-side dry run); and yields a KubeWorld holding a
+kubeconfig with the token of deploy/'s ServiceAccount, so the provider has
+exactly the rights deploy/ grants. `kube_world` gives each test its own
+GPU pool of kwok nodes and removes it, and whatever ran in the training
+namespace, afterwards.
+
+Loaded as a plugin (pyproject's addopts). Where Go is missing, the tests
+that use the cluster are left out with one line saying how to enable them,
+unless CI=true: CI must never skip them, so there they fail.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from kubernetes import client as k8s
+
+from testcluster import bootstrap, build
+from testcluster.cluster import TestCluster
+from testcluster.fleet import Fleet, Pool
+from tests.support.waiting import eventually
+
+TRAINING_NS = "regatta-training"
+# A shared file system for checkpoints, statically provisioned the way FSx
+# for Lustre or EFS is: a PersistentVolume and a claim bound to it by the
+# controller-manager. Nothing mounts it (kwok runs no containers); the
+# control plane reads the checkpoints at the same path on this machine.
+CHECKPOINT_PVC = "fsx-lustre"
+_pool_names = itertools.count(1)
+
+
+@dataclass
+class KubeWorld:
+    cluster: TestCluster
+    admin: k8s.ApiClient
+    regatta_kubeconfig: Path
+    fleet: Fleet
+    made_nodes: list[str] = field(default_factory=list)
+
+    def make_pool(self, size: int = 3, **kw) -> Pool:
+        """A pool of kwok GPU nodes of its own, ready; removed after the test."""
+        pool = Pool(name=f"gpu{next(_pool_names)}", size=size, **kw)
+        names = self.fleet.add(pool)
+        self.made_nodes.extend(names)
+        eventually(lambda: all(self.fleet.ready(n) for n in names), timeout=30, interval=0.1,
+                   what=f"kwok to make {pool.name}'s nodes ready")
+        return pool
+
+    @property
+    def core(self) -> k8s.CoreV1Api:
+        return k8s.CoreV1Api(self.admin)
+
+    @property
+    def custom(self) -> k8s.CustomObjectsApi:
+        return k8s.CustomObjectsApi(self.admin)
+
+    def pods(self, selector: str, namespace: str = TRAINING_NS) -> list[k8s.V1Pod]:
+        return self.core.list_namespaced_pod(namespace, label_selector=selector).items
+
+    def pytorchjob(self, name: str, namespace: str = TRAINING_NS) -> dict | None:
+        try:
+            return self.custom.get_namespaced_custom_object(
+                "kubeflow.org", "v1", namespace, "pytorchjobs", name)
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def clean_namespace(self, namespace: str = TRAINING_NS, timeout: float = 60) -> None:
+        """Deletes every PyTorchJob, pod and Secret a test left, and waits
+        until they are gone (kwok's pod-delete stage finishes the pods, the
+        garbage collector the jobs): the next test's job may have the same
+        name, since its database starts over."""
+        self.custom.delete_collection_namespaced_custom_object(
+            "kubeflow.org", "v1", namespace, "pytorchjobs")
+        # With their grace period, as a kubelet would see it: kwok's pod-delete
+        # stage then removes them at once. Deleting them with none races that
+        # stage, whose failed delete kwok retries a minute later under the
+        # pod's name, which the next test's pod may by then carry.
+        self.core.delete_collection_namespaced_pod(namespace)
+        self.core.delete_collection_namespaced_secret(namespace)
+        k8s.PolicyV1Api(self.admin).delete_collection_namespaced_pod_disruption_budget(namespace)
+        eventually(lambda: not self.core.list_namespaced_pod(namespace).items and not
+                   self.custom.list_namespaced_custom_object(
+                       "kubeflow.org", "v1", namespace, "pytorchjobs")["items"],
+                   timeout=timeout, interval=0.2, what=f"the pods and jobs of {namespace} to go")
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def _why_unavailable() -> str | None:
+    """Why the cluster cannot start here, or None. Binaries are built by
+    `make test` (or `make kube-build`) before pytest starts, never inside a
+    test: a cold build takes tens of minutes."""
+    if build.go_binary() is None:
+        return build.ENABLE_HINT
+    if not build.binaries_present(build.bin_dir()):
+        return ("the test cluster is not built: run `make kube-build` (tens of minutes the "
+                "first time) to enable the real-cluster tests")
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """Leave the real-cluster tests out when the cluster cannot start, and
+    say so once (at the end of the run); never in CI, where they fail."""
+    reason = _why_unavailable()
+    if reason is None or _in_ci():
+        return
+    left_out = [item for item in items if "kube" in getattr(item, "fixturenames", ())]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if item not in left_out]
+        config._kube_left_out = (len(left_out), reason)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    left_out = getattr(config, "_kube_left_out", None)
+    if left_out:
+        count, reason = left_out
+        terminalreporter.write_line(f"{count} real-cluster tests skipped: {reason}",
+                                    yellow=True)
+
+
+def _shared_file_system(core: k8s.CoreV1Api) -> None:
+    core.create_persistent_volume({
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": CHECKPOINT_PVC},
+        "spec": {"capacity": {"storage": "1200Gi"}, "accessModes": ["ReadWriteMany"],
+                 "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                 "nfs": {"server": "fs-0123.fsx.us-east-1.amazonaws.com", "path": "/"}}})
+    core.create_namespaced_persistent_volume_claim(TRAINING_NS, {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": CHECKPOINT_PVC},
+        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "",
+                 "volumeName": CHECKPOINT_PVC, "resources": {"requests": {"storage": "1200Gi"}}}})
+    eventually(lambda: core.read_namespaced_persistent_volume_claim(
+        CHECKPOINT_PVC, TRAINING_NS).status.phase == "Bound", timeout=30, interval=0.2,
+        what="the checkpoint claim to bind")
+
+
+@pytest.fixture(scope="session")
+def kube():
+    reason = _why_unavailable()
+    if reason is not None:
+        pytest.fail(f"CI must run the real-cluster tests: {reason}", pytrace=False)
+    bin_dir = build.bin_dir()
+    state = Path(settings.STATE_DIR) / "kube"
+    cluster = TestCluster(state, bin_dir)
+    cluster.up(log=lambda line: None)
+    try:
+        admin = bootstrap.api_client(cluster.admin_kubeconfig)
+        world = KubeWorld(cluster=cluster, admin=admin,
+                          regatta_kubeconfig=bootstrap.regatta_kubeconfig(cluster),
+                          fleet=Fleet(admin))
+        _shared_file_system(world.core)
+        yield world
+    finally:
+        cluster.down()
+
+
+@pytest.fixture
+def kube_world(kube):
+    """The session's cluster; after the test, an empty training namespace
+    and none of the nodes the test made."""
+    yield kube
+    kube.clean_namespace()
+    for name in kube.made_nodes:
+        try:
+            kube.core.delete_node(name)
+        except k8s.ApiException as exc:
+            if exc.status != 404:
+                raise
+    kube.made_nodes.clear()
