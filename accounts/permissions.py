@@ -11,6 +11,14 @@ def is_operator(user) -> bool:
     return bool(user and user.is_authenticated and (user.is_staff or user.is_superuser))
 
 
+def acts_for_team(user, team) -> bool:
+    """The one membership rule: a person acts for a team (submits its jobs,
+    acts on them, keeps its webhooks) as one of its members, or as an
+    operator, who acts for every team. `team` is any object with `members`
+    (jobs.Team; accounts imports no app)."""
+    return is_operator(user) or team.members.filter(pk=user.pk).exists()
+
+
 def actor_for(user) -> str:
     """How a person is named on timelines."""
     return f"user:{user.get_username()}"

@@ -3,7 +3,7 @@
 
 from django.http import Http404
 
-from accounts.permissions import actor_for, is_operator
+from accounts.permissions import actor_for, acts_for_team, is_operator
 from jobs.models import Team, TrainingJob
 from jobs.visibility import visible_jobs, visible_teams
 
@@ -29,4 +29,4 @@ def team_for(user, name: str) -> Team:
 
 def can_act_on_job(user, job: TrainingJob) -> bool:
     """Owner, teammate or operator: the job's team members and staff."""
-    return is_operator(user) or job.team.members.filter(pk=user.pk).exists()
+    return acts_for_team(user, job.team)

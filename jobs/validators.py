@@ -12,7 +12,7 @@ from django.db.models import Q
 from rest_framework import serializers
 from rest_framework.fields import empty
 
-from accounts.permissions import is_operator
+from accounts.permissions import acts_for_team
 from checkpoints import confinement
 from checkpoints.models import Checkpoint
 from clusters.models import Cluster, NodePool
@@ -160,7 +160,7 @@ class JobSpecValidator(StrictSerializer):
     def validate_team(self, value):
         team = Team.objects.filter(name=value).first()
         user = self.context["request"].user
-        if team is None or not (is_operator(user) or team.members.filter(pk=user.pk).exists()):
+        if team is None or not acts_for_team(user, team):
             raise serializers.ValidationError(f"You are not a member of a team named {value!r}.")
         return team
 

@@ -2,7 +2,7 @@
 
 from rest_framework import serializers
 
-from accounts.permissions import is_operator
+from accounts.permissions import acts_for_team
 from controlplane.lib.validation import StrictBooleanField, StrictCharField, StrictSerializer
 from jobs.models import Team
 
@@ -40,6 +40,6 @@ class WebhookValidator(WebhookUpdateValidator):
     def validate_team(self, value):
         team = Team.objects.filter(name=value).first()
         user = self.context["request"].user
-        if team is None or not (is_operator(user) or team.members.filter(pk=user.pk).exists()):
+        if team is None or not acts_for_team(user, team):
             raise serializers.ValidationError(f"You are not a member of a team named {value!r}.")
         return team
