@@ -28,6 +28,7 @@ torch.compile's workers) do not inherit a blocked SIGTERM.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -97,10 +98,16 @@ class Preemption:
 _installed: Preemption | None = None
 
 
-def install(on_early: Callable[[str], None] | None = None) -> Preemption:
+def install(on_early: Callable[[str], None] | None = None, *,
+            launch=None) -> Preemption:
     """Take SIGTERM from here on (once per process; later calls return the
-    same object, with `on_early` replaced when one is given)."""
+    same object, with `on_early` replaced when one is given). `launch`: the
+    rank's launch contract where the caller has parsed it already (the
+    built-in trainer reads its own arguments); the early exit then reports
+    with it instead of reading the environment."""
     global _installed
+    if on_early is None and launch is not None:
+        on_early = functools.partial(exit_early, launch=launch)
     if _installed is None:
         _installed = Preemption(on_early or exit_early)
         _installed.install()
@@ -109,13 +116,14 @@ def install(on_early: Callable[[str], None] | None = None) -> Preemption:
     return _installed
 
 
-def exit_early(phase: str) -> None:
-    """SIGTERM before training: status file, `preempted` event, exit 83."""
+def exit_early(phase: str, launch=None) -> None:
+    """SIGTERM before training: status file, `preempted` event, exit 83.
+    The one early exit of every rank, the built-in trainer's included."""
     from regatta.launch import Launch
     from regatta.reporting import report_once
     from regatta.status import write_status
 
-    launch = Launch.from_env()
+    launch = launch or Launch.from_env()
     message = f"SIGTERM during {phase}, before training started: no checkpoint taken"
     write_status(launch, EXIT_PREEMPTED, message, 0)
     report_once(launch.env(), launch.rank, "preempted", message,

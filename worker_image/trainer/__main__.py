@@ -18,7 +18,7 @@ from pathlib import Path
 # Nothing here imports torch at module level: `run` must install the SIGTERM
 # handling (regatta/preemption.py) before torch starts its first thread.
 from regatta import preemption
-from regatta.exits import EXIT_CODE_ERROR, EXIT_COLLECTIVE, EXIT_CONFIG, EXIT_PREEMPTED
+from regatta.exits import EXIT_CODE_ERROR, EXIT_COLLECTIVE, EXIT_CONFIG
 from regatta.launch import Launch
 from regatta.reporting import report_once
 from regatta.status import write_status
@@ -87,20 +87,6 @@ def load_config(args: argparse.Namespace, world_size: int) -> TrainerConfig:
     return cfg
 
 
-def early_exit(launch: Launch):
-    """SIGTERM before the SDK's run exists: status file, event, exit 83."""
-
-    def exit_now(phase: str) -> None:
-        message = f"SIGTERM during {phase}, before training started: no checkpoint taken"
-        write_status(launch, EXIT_PREEMPTED, message, 0)
-        report_once(launch.env(), launch.rank, "preempted", message,
-                    {"phase": phase, "step": 0, "checkpoint": False})
-        logging.shutdown()
-        os._exit(EXIT_PREEMPTED)
-
-    return exit_now
-
-
 def run(argv: list[str] | None = None) -> int:
     """Run one rank to completion and return its exit code (never raises,
     except that an early SIGTERM ends the process)."""
@@ -108,7 +94,7 @@ def run(argv: list[str] | None = None) -> int:
     launch = launch_from(args)
     setup_logging(launch.rank)
     # Before anything imports torch, which starts a thread of its own.
-    guard = preemption.install(early_exit(launch))
+    guard = preemption.install(launch=launch)
     guard.enter("config")
     try:
         cfg = load_config(args, launch.world_size)
