@@ -2,7 +2,9 @@
 new job's poll in the same run.
 
 The job page polls `/jobs/<id>/live/` every 2.5 s while it is open: the
-status, attempts, checkpoints, timeline, goodput and chart series. A job that
+status, attempts, checkpoints, timeline, goodput and chart series; a poll
+that finds nothing new since the last (its revision and charts key sent
+back) renders only the status line. A job that
 ran for months has thousands of checkpoints, hundreds of attempts and a long
 timeline; its poll should cost what a new job's does. Creates a throwaway
 test database (PostgreSQL when DATABASE_URL is set, else SQLite in the state
@@ -88,6 +90,14 @@ def poll(browser, job, repeat: int, query: str = "") -> tuple[float, int, int]:
     return statistics.median(times), size, queries
 
 
+def since(browser, job) -> str:
+    """The query an open page sends once it has drawn everything: the
+    revision of its tables and the key of its charts (frontend/static/live.js,
+    job.js)."""
+    first = browser.get(f"/jobs/{job.pk}/live/").json()
+    return f"?rev={first['rev']}&charts_key={first['charts_key']}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoints", type=int, default=10_000)
@@ -117,9 +127,12 @@ def main() -> None:
         print(f"{'poll':<62}{'seconds':>9}{'bytes':>10}{'queries':>9}")
         label = f"{args.attempts} attempts, {args.checkpoints:,} checkpoints"
         for what, query in (("tables only (?charts=0)", "?charts=0"),
-                            ("tables and charts", "")):
-            base = poll(browser, new, args.repeat, query)
-            ours = poll(browser, long_lived, args.repeat, query)
+                            ("tables and charts", ""),
+                            ("nothing new since the last poll", None)):
+            base = poll(browser, new, args.repeat,
+                        since(browser, new) if query is None else query)
+            ours = poll(browser, long_lived, args.repeat,
+                        since(browser, long_lived) if query is None else query)
             print(f"{'new job, ' + what + ' (baseline)':<62}"
                   f"{base[0]:>9.3f}{base[1]:>10,}{base[2]:>9}")
             print(f"{'long job (' + label + '), ' + what:<62}"
