@@ -24,4 +24,4 @@ USER regatta
 EXPOSE 8000
 CMD ["granian", "--interface", "wsgi", "--no-ws", "--host", "0.0.0.0", "--port", "8000", \
      "--workers", "4", "--blocking-threads", "4", "--respawn-failed-workers", \
-     "controlplane.wsgi:application"]
+     "--factory", "controlplane.wsgi:serve"]

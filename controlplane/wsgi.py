@@ -13,6 +13,12 @@ from jobs.worker_api.views.fast import WorkerFastPath  # noqa: E402
 # stack when well formed; everything else is Django's (jobs/worker_api/views/fast.py).
 application = WorkerFastPath(django_application)
 
-# This process hears heartbeats: the hang detector counts the ranks' silence
-# only while some web process is listening (controlplane/lib/receiver.py).
-receiver.start_marking()
+
+def serve():
+    """The web server's entry point (`granian --factory controlplane.wsgi:serve`,
+    once in each worker process): the application, with this process marking
+    that it listens for heartbeats, since the hang detector counts the ranks'
+    silence only while some web process does (controlplane/lib/receiver.py).
+    Importing `application` alone (tests, tools) starts nothing."""
+    receiver.start_marking()
+    return application

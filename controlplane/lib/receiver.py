@@ -13,8 +13,9 @@ Two keys, kept without expiry so that an outage leaves them behind:
 `alive_at`, the newest mark, and `since`, the start of the current unbroken
 run of marks (a mark that finds `alive_at` older than GAP_S starts a new
 run). A control plane whose web never marked (tests that call the
-reconciler directly, a web server started without controlplane.wsgi) has
-neither, and the detector judges as before.
+reconciler directly, a web server started on `controlplane.wsgi:application`
+rather than the `serve` factory) has neither, and the detector judges as
+before.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ MARK_EVERY_S = 2.0
 # Marks further apart than this mean the web was away in between.
 GAP_S = 3 * MARK_EVERY_S
 
-_started = False
+_marking: threading.Event | None = None
 _start_lock = threading.Lock()
 
 
@@ -65,20 +66,23 @@ def listening(now: float) -> tuple[bool, float | None]:
     return True, float(since)
 
 
-def _loop() -> None:
-    while True:
+def _loop(stop: threading.Event) -> None:
+    while not stop.is_set():
         try:
             mark(time.time())
         except redis.RedisError as exc:
             log.warning("web liveness not marked: %s", exc)
-        time.sleep(MARK_EVERY_S)
+        stop.wait(MARK_EVERY_S)
 
 
-def start_marking() -> None:
-    """Mark from this (web) process for as long as it lives."""
-    global _started
+def start_marking() -> threading.Event:
+    """Mark from this (web) process until the returned event is set: for
+    the process's life, where nobody sets it (controlplane.wsgi.serve). One
+    marking thread a process, however often it is asked."""
+    global _marking
     with _start_lock:
-        if _started:
-            return
-        _started = True
-    threading.Thread(target=_loop, name="regatta-web-liveness", daemon=True).start()
+        if _marking is None or _marking.is_set():
+            _marking = threading.Event()
+            threading.Thread(target=_loop, args=(_marking,), name="regatta-web-liveness",
+                             daemon=True).start()
+        return _marking

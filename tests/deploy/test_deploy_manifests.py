@@ -77,7 +77,7 @@ def test_the_base_runs_web_worker_beat_and_the_migration():
     assert beat["replicas"] == 1 and beat["strategy"] == {"type": "Recreate"}
     web = found[("Deployment", "regatta-web")]["spec"]["template"]["spec"]["containers"][0]
     assert web["command"][0] == "granian"
-    assert web["command"][-1] == "controlplane.wsgi:application"
+    assert web["command"][-2:] == ["--factory", "controlplane.wsgi:serve"]
     assert web["readinessProbe"]["httpGet"]["path"] == "/login/"
     assert "tcpSocket" in web["livenessProbe"]
     migrate = found[("Job", "regatta-migrate")]["spec"]["template"]["spec"]["containers"][0]

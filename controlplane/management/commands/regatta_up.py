@@ -41,7 +41,7 @@ class Command(BaseCommand):
                 "--host", host.strip("[]"), "--port", port, "--workers", str(web_workers),
                 "--blocking-threads", "4", "--respawn-failed-workers", "--access-log",
                 "--log-level", "warning", "--workers-kill-timeout", "5",
-                "controlplane.wsgi:application",
+                "--factory", "controlplane.wsgi:serve",
             ])
             self._spawn("worker", [
                 sys.executable, "-m", "celery", "-A", "controlplane", "worker",

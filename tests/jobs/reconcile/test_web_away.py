@@ -81,15 +81,38 @@ def test_with_no_web_marks_at_all_the_deadline_counts_as_before(mem_cluster):
     assert attempt.failure_class == "hang"
 
 
-def test_a_web_process_marks_while_it_lives(broker):
+def test_a_web_process_marks_while_it_lives_and_stops_when_told(broker):
     before = time.time()
-    receiver.start_marking()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        known, since = receiver.listening(time.time())
-        if known and since is not None and since >= before - 1:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("no mark from the marking thread within 10 s")
+    stop = receiver.start_marking()
+    try:
+        assert receiver.start_marking() is stop  # one marking thread a process
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            known, since = receiver.listening(time.time())
+            if known and since is not None and since >= before - 1:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("no mark from the marking thread within 10 s")
+    finally:
+        stop.set()
     assert receiver.listening(time.time() + 10 * receiver.GAP_S) == (True, None)
+
+
+def test_importing_the_wsgi_application_starts_no_marking(broker):
+    """Only the server's factory marks: a test or a tool that imports the
+    application must not make every later reconcile think a web listens."""
+    import threading
+
+    from controlplane import wsgi  # noqa: F401
+
+    def marking():
+        return [t for t in threading.enumerate()
+                if t.name == "regatta-web-liveness" and t.is_alive()]
+
+    # A thread an earlier test stopped ends within its wait; one an import
+    # started would mark for ever.
+    deadline = time.monotonic() + 2 * receiver.MARK_EVERY_S + 1
+    while marking() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not marking()
