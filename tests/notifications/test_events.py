@@ -20,6 +20,7 @@ from tests.fleet_helpers import (
     memory_cluster,
     nodes_of,
     provider_of,
+    report_not_ready,
     submit,
     team_with_quota,
 )
@@ -137,6 +138,9 @@ def test_a_killed_node_is_sent_as_node_replaced(mem_cluster, vision):
     bad = nodes_of(attempt)[0]
     provider_of(mem_cluster).exit_node(attempt.provider_ref, bad.name, exit_code=1, signal=9,
                                        log_tail="Killed")
+    # The node went with its ranks: without that, one rank's death is
+    # relaunched in place (jobs/reconcile/rank_death.py) and nothing replaced.
+    report_not_ready(mem_cluster, bad)
     reconcile_job(job.id, later(now, 2))
     assert sent(nodes) == ["node.replaced"]
     evidence = Delivery.objects.get(webhook=nodes).payload["data"]["event"]["evidence"]
