@@ -26,7 +26,7 @@ from jobs.models import JobEvent, MetricPoint
 from jobs.worker_api.undelivered import collect
 from tests.api_factories import make_attempt, make_job
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GRANIAN = Path(sys.executable).parent / "granian"  # this environment's
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
