@@ -22,7 +22,7 @@ from clusters.providers import pool_info
 from clusters.reconcile import reconcile_cluster
 from jobs.admission import admit
 from jobs.checkpointing import job_checkpoint_uri
-from jobs.models import JobAttempt, Quota, RankStatus, Team, TrainingJob
+from jobs.models import JobAttempt, Phase, Quota, RankStatus, Team, TrainingJob
 from jobs.reconcile import reconcile_job
 from tests.support import memory_provider as memory
 
@@ -143,6 +143,19 @@ def launch(job, now) -> None:
     reconcile_job(job.id, now)
     admit(job.cluster_id, now)
     reconcile_job(job.id, now)
+
+
+def running_job(cluster, team, now, **spec):
+    """A job submitted, launched and heard from once: running on the memory
+    fleet, ready for a fault."""
+    job = submit(cluster, team, **spec)
+    launch(job, now)
+    attempt = job.attempts.get()
+    heartbeat(attempt, 5, later(now, 1))
+    reconcile_job(job.id, later(now, 1))
+    job.refresh_from_db()
+    assert job.phase == Phase.RUNNING
+    return job, attempt
 
 
 def later(now, seconds):

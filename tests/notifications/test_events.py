@@ -16,11 +16,11 @@ from notifications.models import Delivery, Webhook
 from tests.fleet_helpers import (
     heartbeat,
     later,
-    launch,
     memory_cluster,
     nodes_of,
     provider_of,
     report_not_ready,
+    running_job,
     submit,
     team_with_quota,
 )
@@ -46,16 +46,6 @@ def speech(mem_cluster):
 def hook(team, url="https://hooks.example.com/x", events=SUBSCRIBABLE, **kw):
     return Webhook.objects.create(team=team, url=url, events=list(events), **kw)
 
-
-def running_job(cluster, team, now, **kw):
-    job = submit(cluster, team, **kw)
-    launch(job, now)
-    attempt = job.attempts.get()
-    heartbeat(attempt, 5, later(now, 1))
-    reconcile_job(job.id, later(now, 1))
-    job.refresh_from_db()
-    assert job.phase == Phase.RUNNING
-    return job, attempt
 
 
 def code_error(cluster, attempt):

@@ -15,13 +15,12 @@ from tests.fleet_helpers import (
     heartbeat,
     kinds,
     later,
-    launch,
     lose_node,
     memory_cluster,
     nodes_of,
     provider_of,
     report_not_ready,
-    submit,
+    running_job,
     team_with_quota,
     write_checkpoint,
 )
@@ -38,16 +37,6 @@ def mem_cluster(db):
 def team(mem_cluster):
     return team_with_quota(mem_cluster)
 
-
-def running_job(mem_cluster, team, now, **kw):
-    job = submit(mem_cluster, team, **kw)
-    launch(job, now)
-    attempt = job.attempts.get()
-    heartbeat(attempt, 5, later(now, 1))
-    reconcile_job(job.id, later(now, 1))
-    job.refresh_from_db()
-    assert job.phase == Phase.RUNNING
-    return job, attempt
 
 
 def test_it_replaces_a_node_whose_ranks_were_killed_and_resumes_from_the_checkpoint(

@@ -16,6 +16,7 @@ from tests.fleet_helpers import (
     memory_cluster,
     nodes_of,
     provider_of,
+    running_job,
     submit,
     team_with_quota,
 )
@@ -29,12 +30,7 @@ def cluster(db):
 
 
 def running(cluster, now):
-    job = submit(cluster, team_with_quota(cluster))
-    launch(job, now)
-    attempt = job.attempts.get()
-    heartbeat(attempt, 5, later(now, 1))
-    reconcile_job(job.id, later(now, 1))
-    return job, attempt
+    return running_job(cluster, team_with_quota(cluster), now)
 
 
 def kill_one_rank(cluster, attempt, node):

@@ -11,11 +11,9 @@ from controlplane.lib import receiver
 from jobs.models import Phase
 from jobs.reconcile import reconcile_job
 from tests.fleet_helpers import (
-    heartbeat,
     later,
-    launch,
     memory_cluster,
-    submit,
+    running_job,
     team_with_quota,
 )
 
@@ -28,14 +26,7 @@ def mem_cluster(db):
 
 
 def _running(mem_cluster, now):
-    job = submit(mem_cluster, team_with_quota(mem_cluster))
-    launch(job, now)
-    attempt = job.attempts.get()
-    heartbeat(attempt, 5, later(now, 1))
-    reconcile_job(job.id, later(now, 1))
-    job.refresh_from_db()
-    assert job.phase == Phase.RUNNING
-    return job, attempt
+    return running_job(mem_cluster, team_with_quota(mem_cluster), now)
 
 
 def _web_marked(at):
