@@ -132,7 +132,12 @@ class TestCluster:
             start_new_session=True,
         )
         log.close()
-        (self.pids / f"{name}.pid").write_text(f"{proc.pid}\n{self.bin_dir / name}\n")
+        self._procs[name] = proc
+        pidfile = self.pids / f"{name}.pid"
+        # Written whole or not at all: `running` in another process (a
+        # `status` or `down` from the command line) never reads half of it.
+        pidfile.with_suffix(".tmp").write_text(f"{proc.pid}\n{self.bin_dir / name}\n")
+        pidfile.with_suffix(".tmp").rename(pidfile)
 
     def running(self) -> dict[str, int]:
         """Live processes this folder started. A pid counts only while it
@@ -182,10 +187,14 @@ class TestCluster:
                     return
             except Exception as exc:  # noqa: BLE001 - shown if it never comes up
                 last = exc
-            dead = [n for n in self._started if n not in self.running()]
+            # The processes this call started, asked directly: a pid's
+            # /proc entry is the wrong witness for a child of ours.
+            dead = {n: p.returncode for n, p in self._procs.items() if p.poll() is not None}
             if dead:
-                raise ClusterError(f"{', '.join(dead)} exited while waiting for {what}; "
-                                   f"see {self.logs}/{dead[0]}.log:\n{self._tail(dead[0])}")
+                name, code = next(iter(dead.items()))
+                how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+                raise ClusterError(f"{', '.join(dead)} exited ({how}) while waiting for {what}; "
+                                   f"see {self.logs}/{name}.log:\n{self._tail(name)}")
             time.sleep(0.1)
         raise ClusterError(f"timed out waiting for {what} ({last})")
 
@@ -215,7 +224,7 @@ class TestCluster:
             if sub == "etcd" and path.exists():
                 shutil.rmtree(path)
             path.mkdir(parents=True, exist_ok=True)
-        self._started: list[str] = []
+        self._procs: dict[str, subprocess.Popen] = {}
         paths = pki.ensure(self.state / "pki")
         tokens = self._tokens()
         ep = Endpoints.pick()
@@ -238,7 +247,6 @@ class TestCluster:
             # A throwaway cluster: durability is not worth an fsync per write.
             "--unsafe-no-fsync", "--log-level=warn",
         ])
-        self._started.append("etcd")
         self._spawn("kube-apiserver", [
             f"--etcd-servers={etcd_url}",
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
@@ -257,7 +265,6 @@ class TestCluster:
             "--endpoint-reconciler-type=none",
             "--allow-privileged=true", "--profiling=false", "--v=1",
         ])
-        self._started.append("kube-apiserver")
         self._wait("the API server", lambda: self._api_ok("/readyz", tokens["admin"]), 60)
         log(f"testcluster: API server ready at {ep.api_url} "
             f"({time.monotonic() - started:.1f} s)")
@@ -272,13 +279,11 @@ class TestCluster:
             f"--root-ca-file={paths['ca.crt']}",
             "--controllers=*", "--v=1",
         ])
-        self._started.append("kube-controller-manager")
         self._spawn("kube-scheduler", [
             f"--kubeconfig={scheduler_kc}", f"--authentication-kubeconfig={scheduler_kc}",
             f"--authorization-kubeconfig={scheduler_kc}",
             "--leader-elect=false", "--secure-port=0", "--v=1",
         ])
-        self._started.append("kube-scheduler")
         self._spawn("kwok", [
             f"--kubeconfig={self.admin_kubeconfig}",
             f"--config={self._kwok_config()}",
@@ -287,7 +292,6 @@ class TestCluster:
             f"--server-address=127.0.0.1:{ep.kwok_port}",
             "--node-lease-duration-seconds=40",
         ])
-        self._started.append("kwok")
         from . import bootstrap
 
         bootstrap.install_operator_prerequisites(self)
@@ -297,7 +301,6 @@ class TestCluster:
             f"--webhook-server-port={ep.webhook_port}",
         ], env={"KUBECONFIG": str(self.admin_kubeconfig),
                 "MY_POD_NAMESPACE": NAMESPACE_OPERATOR})
-        self._started.append("training-operator")
         bootstrap.wait_ready(self)
         log(f"testcluster: cluster ready ({time.monotonic() - started:.1f} s); "
             f"admin kubeconfig {self.admin_kubeconfig}")
