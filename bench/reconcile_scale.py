@@ -52,10 +52,10 @@ def main() -> None:
     call_command("migrate", verbosity=0)
     from clusters.models import Cluster, Node, NodePool
     from clusters.providers import pool_info
-    from clusters.reconcile import reconcile_cluster
+    from clusters.reconcile import reconcile_cluster_unlocked
     from jobs import admission
     from jobs.models import Phase, Quota, Team, TrainingJob
-    from jobs.reconcile import reconcile_job
+    from jobs.reconcile import reconcile_job_unlocked
     from tests.support import memory_provider as memory
 
     memory.register()
@@ -79,7 +79,7 @@ def main() -> None:
                                        size=args.nodes - 100, spare_count=100)
         memory.MemoryProvider(cluster.name).add_nodes(pool_info(pool), args.nodes)
         t0 = time.perf_counter()
-        reconcile_cluster(cluster.id, timezone.now())
+        reconcile_cluster_unlocked(cluster.id, timezone.now())
         first_sync = time.perf_counter() - t0
         assert Node.objects.filter(cluster=cluster).count() == args.nodes
 
@@ -96,7 +96,7 @@ def main() -> None:
         admitted = TrainingJob.objects.filter(cluster=cluster, phase=Phase.ADMITTED).count()
 
         t0 = time.perf_counter()
-        reconcile_cluster(cluster.id, timezone.now())
+        reconcile_cluster_unlocked(cluster.id, timezone.now())
         steady_pass = time.perf_counter() - t0
 
         # The job side: a second queue of the same shape that stays queued
@@ -111,7 +111,7 @@ def main() -> None:
         # Now: each queued job's reconcile reads the reason admission left.
         t0 = time.perf_counter()
         for job_id in waiting:
-            reconcile_job(job_id, timezone.now())
+            reconcile_job_unlocked(job_id, timezone.now())
         sweep_now = time.perf_counter() - t0
         still = TrainingJob.objects.filter(pk__in=waiting, phase=Phase.QUEUED).count()
         assert still == len(waiting), "the job-side queue must stay queued"
@@ -122,7 +122,7 @@ def main() -> None:
         for job_id in sample:
             t1 = time.perf_counter()
             admission.admit(cluster.id, timezone.now())
-            reconcile_job(job_id, timezone.now())
+            reconcile_job_unlocked(job_id, timezone.now())
             times.append(time.perf_counter() - t1)
         sweep_before = statistics.fmean(times) * len(waiting)
     finally:

@@ -183,7 +183,7 @@ def start_control_plane(workdir: Path, max_hardware_restarts: int, trainer: dict
                          stderr=subprocess.STDOUT, start_new_session=True),
     ]
     from clusters.models import Cluster, NodePool
-    from clusters.reconcile import reconcile_cluster
+    from clusters.reconcile import reconcile_cluster_unlocked
     from jobs import tasks
     from jobs.models import Quota, Team, TrainingJob
 
@@ -193,7 +193,7 @@ def start_control_plane(workdir: Path, max_hardware_restarts: int, trainer: dict
                   "observe_interval_s": 0.5, "reconcile_interval_s": 1.0,
                   "heartbeat_deadline_s": 60.0})
     NodePool.objects.create(cluster=cluster, name="cpu", gpus_per_node=1, size=2, spare_count=1)
-    reconcile_cluster(cluster.id)
+    reconcile_cluster_unlocked(cluster.id)
     team = Team.objects.create(name="bench")
     Quota.objects.create(team=team, cluster=cluster, gpus=4)
     job = TrainingJob.objects.create(name="bench", team=team, cluster=cluster, num_nodes=2,

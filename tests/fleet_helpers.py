@@ -19,11 +19,11 @@ from django.utils import timezone
 from checkpoints.models import Checkpoint
 from clusters.models import Cluster, Node, NodePool
 from clusters.providers import pool_info
-from clusters.reconcile import reconcile_cluster
+from clusters.reconcile import reconcile_cluster_unlocked
 from jobs.admission import admit
 from jobs.checkpointing import job_checkpoint_uri
 from jobs.models import JobAttempt, Phase, Quota, RankStatus, Team, TrainingJob
-from jobs.reconcile import reconcile_job
+from jobs.reconcile import reconcile_job_unlocked
 from tests.support import memory_provider as memory
 
 
@@ -36,7 +36,7 @@ def memory_cluster(name="mem-a", size=4, spares=1, gpus_per_node=2, **settings) 
                                    size=size, spare_count=spares)
     provider = memory.MemoryProvider(cluster.name)
     provider.add_nodes(pool_info(pool), size + spares)
-    reconcile_cluster(cluster.id, timezone.now())
+    reconcile_cluster_unlocked(cluster.id, timezone.now())
     return cluster
 
 
@@ -140,9 +140,9 @@ def heartbeat(attempt: JobAttempt, step: int, at, *, ranks=None, step_time_s=0.2
 def launch(job, now) -> None:
     """A submitted job's way to its first launch: its reconcile queues it, the
     cluster's admission pass admits it, its next reconcile launches it."""
-    reconcile_job(job.id, now)
+    reconcile_job_unlocked(job.id, now)
     admit(job.cluster_id, now)
-    reconcile_job(job.id, now)
+    reconcile_job_unlocked(job.id, now)
 
 
 def running_job(cluster, team, now, **spec):
@@ -152,7 +152,7 @@ def running_job(cluster, team, now, **spec):
     launch(job, now)
     attempt = job.attempts.get()
     heartbeat(attempt, 5, later(now, 1))
-    reconcile_job(job.id, later(now, 1))
+    reconcile_job_unlocked(job.id, later(now, 1))
     job.refresh_from_db()
     assert job.phase == Phase.RUNNING
     return job, attempt

@@ -30,7 +30,7 @@ from .spares import check_one_spare
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CLUSTERS", "due_cluster_ids", "reconcile_cluster", "reconcile_cluster_locked"]
+__all__ = ["CLUSTERS", "due_cluster_ids", "reconcile_cluster_unlocked", "reconcile_cluster_locked"]
 
 
 def due_cluster_ids(now) -> list[int]:
@@ -47,7 +47,10 @@ def reconcile_cluster_locked(cluster_id: int, now=None) -> Result | None:
     return runner.run(CLUSTERS, cluster_id, now or timezone.now())
 
 
-def reconcile_cluster(cluster_id: int, now=None) -> Result:
+def reconcile_cluster_unlocked(cluster_id: int, now=None) -> Result:
+    """One pass, with no lock and no error classes: the step the runner
+    takes inside `reconcile_cluster_locked`, which is what tasks call. Its errors are
+    raised as they are; tests call it to drive a pass at a chosen `now`."""
     now = now or timezone.now()
     cluster = Cluster.objects.filter(pk=cluster_id).first()
     if cluster is None:
@@ -102,7 +105,7 @@ class _Clusters:
     name = "cluster"
 
     def reconcile(self, cluster_id: int, now) -> Result:
-        return reconcile_cluster(cluster_id, now)
+        return reconcile_cluster_unlocked(cluster_id, now)
 
     def errors_in_a_row(self, cluster_id: int) -> int:
         rows = Cluster.objects.filter(pk=cluster_id).values_list("conditions", flat=True)
@@ -120,7 +123,7 @@ class _Clusters:
             next_reconcile_at=now + timezone.timedelta(seconds=error.retry_after))
 
     def clear_error(self, cluster_id: int) -> None:
-        pass  # reconcile_cluster's own last write drops the condition
+        pass  # reconcile_cluster_unlocked's own last write drops the condition
 
 
 CLUSTERS = _Clusters()

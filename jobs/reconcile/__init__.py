@@ -1,7 +1,7 @@
 """Job reconcile: read the job's desired state and the fleet's actual state,
 act to close the difference, and say when to look again.
 
-Level-triggered and idempotent: `reconcile_job(job_id, now)` may run twice,
+Level-triggered and idempotent: `reconcile_job_unlocked(job_id, now)` may run twice,
 or on two workers at once (the Redis lock in `reconcile_job_locked` makes the
 second wait its turn, and every state change is a conditional update), and
 changes nothing more than one run would.
@@ -30,7 +30,7 @@ from ..models import NO_HEARTBEATS, JobAttempt, Phase, RankStatus, TrainingJob
 from .common import Ctx
 from .detect import ALL_REPORTING, Failure, detect
 
-__all__ = ["JOBS", "due_job_ids", "reconcile_job", "reconcile_job_locked"]
+__all__ = ["JOBS", "due_job_ids", "reconcile_job_unlocked", "reconcile_job_locked"]
 
 # With nothing asked, a live job is still looked at this often (the safety net).
 IDLE_REQUEUE_S = 60.0
@@ -52,7 +52,10 @@ def reconcile_job_locked(job_id: int, now=None) -> Result | None:
     return runner.run(JOBS, job_id, now or timezone.now())
 
 
-def reconcile_job(job_id: int, now=None) -> Result:
+def reconcile_job_unlocked(job_id: int, now=None) -> Result:
+    """One pass, with no lock and no error classes: the step the runner
+    takes inside `reconcile_job_locked`, which is what tasks call. Its errors are
+    raised as they are; tests call it to drive a pass at a chosen `now`."""
     now = now or timezone.now()
     job = TrainingJob.objects.select_related("cluster", "pool", "team").filter(pk=job_id).first()
     if job is None or job.is_terminal:
@@ -89,7 +92,7 @@ class _Jobs:
     name = "job"
 
     def reconcile(self, job_id: int, now) -> Result:
-        return reconcile_job(job_id, now)
+        return reconcile_job_unlocked(job_id, now)
 
     def errors_in_a_row(self, job_id: int) -> int:
         conditions = TrainingJob.objects.filter(pk=job_id).values_list("conditions", flat=True)
@@ -115,7 +118,7 @@ class _Jobs:
                                  "retry_after_s": error.retry_after})
 
     def clear_error(self, job_id: int) -> None:
-        pass  # reconcile_job's own last write drops the condition
+        pass  # reconcile_job_unlocked's own last write drops the condition
 
 
 JOBS = _Jobs()

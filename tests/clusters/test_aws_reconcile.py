@@ -4,7 +4,7 @@ Neither AWS nor a Kubernetes API server can run here: moto's server on
 127.0.0.1 stands in for EC2 Auto Scaling, EC2 and SQS (real HTTP, real
 boto3; it launches a new instance when one is terminated without lowering
 the desired capacity, as AWS does), and tests/support/k8s_standin.py for the
-API server. clusters.reconcile.reconcile_cluster runs as in production
+API server. clusters.reconcile.reconcile_cluster_unlocked runs as in production
 against a real database; the test plays the kubelet by registering a new
 instance's Node once it "boots". What moto's Auto Scaling lacks (scaling
 activities, termination lifecycle hooks holding an instance in
@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from clusters.models import Cluster, Node, NodeHealthEvent, NodePool
 from clusters.providers.aws import instance_id
-from clusters.reconcile import reconcile_cluster, scaling
+from clusters.reconcile import reconcile_cluster_unlocked, scaling
 from tests.clusters.test_aws_provider import counts, desired, queue, sns_envelope, spot_event
 from tests.fleet_helpers import later
 from tests.support import k8s_standin as st
@@ -78,7 +78,7 @@ def fleet(db, aws, standin, asg):  # noqa: F811
     )
     register(standin, aws, ids)
     now = timezone.now()
-    reconcile_cluster(cluster.id, now)
+    reconcile_cluster_unlocked(cluster.id, now)
     return {"cluster": cluster, "pool": pool, "group": group, "ids": ids, "now": now,
             "sqs": sqs, "spot_url": spot_url}
 
@@ -108,11 +108,11 @@ def check_replaced(aws, standin, fleet, old, before, now):  # noqa: F811
     assert new.events.get(to_state="provisioning").reason == f"provisioned to replace {old.name}"
 
     # Still booting on the next sweep: the row waits instead of being called gone.
-    reconcile_cluster(cluster.id, later(now, 30))
+    reconcile_cluster_unlocked(cluster.id, later(now, 30))
     new.refresh_from_db()
     assert new.state == Node.State.PROVISIONING
     register(standin, aws, [fresh_id])
-    reconcile_cluster(cluster.id, later(now, 60))
+    reconcile_cluster_unlocked(cluster.id, later(now, 60))
     new.refresh_from_db()
     assert new.state == Node.State.READY and new.is_spare
 
@@ -129,7 +129,7 @@ def test_an_operators_replacement_goes_through_the_auto_scaling_group(aws, stand
     old = Node.objects.filter(cluster=cluster, is_spare=False).order_by("name").first()
     Node.objects.filter(pk=old.pk).update(replace_requested_at=now)
 
-    reconcile_cluster(cluster.id, later(now, 1))
+    reconcile_cluster_unlocked(cluster.id, later(now, 1))
 
     promoted = Node.objects.get(cluster=cluster, replaces=old)
     assert not promoted.is_spare and promoted.state == Node.State.READY
@@ -145,7 +145,7 @@ def test_a_node_whose_node_object_vanished_is_still_replaced(aws, standin, fleet
     old = Node.objects.filter(cluster=cluster, is_spare=False).order_by("name").first()
     del standin.store[st.NODES][old.name]
 
-    reconcile_cluster(cluster.id, later(now, 1))
+    reconcile_cluster_unlocked(cluster.id, later(now, 1))
     old.refresh_from_db()
     assert old.state == Node.State.FAILED  # the group still has it, Kubernetes does not
     # Its place was taken by the spare, and no spare was added for it: the
@@ -155,7 +155,7 @@ def test_a_node_whose_node_object_vanished_is_still_replaced(aws, standin, fleet
     assert len(before) == 3 and instance_id(old.provider_id) in before
     Node.objects.filter(pk=old.pk).update(replace_requested_at=later(now, 2))
 
-    reconcile_cluster(cluster.id, later(now, 2))
+    reconcile_cluster_unlocked(cluster.id, later(now, 2))
 
     check_replaced(aws, standin, fleet, old, before, later(now, 2))
 
@@ -165,7 +165,7 @@ def test_a_spot_notice_for_an_idle_node_replaces_it(aws, standin, fleet):  # noq
     old = Node.objects.filter(cluster=cluster, is_spare=False).order_by("name").first()
     sqs.send_message(QueueUrl=url, MessageBody=spot_event(instance_id(old.provider_id)))
 
-    reconcile_cluster(cluster.id, later(now, 1))
+    reconcile_cluster_unlocked(cluster.id, later(now, 1))
 
     (event,) = NodeHealthEvent.objects.filter(node=old)
     assert (event.kind, event.severity) == ("spot_notice", "critical")
@@ -187,7 +187,7 @@ def test_an_sns_wrapped_notice_and_the_nth_taint_are_one_interruption(aws, stand
          "effect": "NoSchedule", "timeAdded": "2026-01-05T10:00:02Z"}]
     sqs.send_message(QueueUrl=url, MessageBody=sns_envelope(spot_event(iid)))
 
-    reconcile_cluster(cluster.id, later(now, 1))
+    reconcile_cluster_unlocked(cluster.id, later(now, 1))
 
     (event,) = NodeHealthEvent.objects.filter(node=old)
     assert event.kind == "spot_notice" and event.evidence["key"] == f"spot-interruption/{iid}"
@@ -216,7 +216,7 @@ def test_a_replacement_never_sleeps_and_a_successor_not_launched_yet_joins_later
     Node.objects.filter(pk=old.pk).update(replace_requested_at=now)
     asg.starve(group)
 
-    reconcile_cluster(cluster.id, later(now, 1))
+    reconcile_cluster_unlocked(cluster.id, later(now, 1))
 
     old.refresh_from_db()
     assert old.state == Node.State.REPLACED and slept == []
@@ -225,7 +225,7 @@ def test_a_replacement_never_sleeps_and_a_successor_not_launched_yet_joins_later
     assert set(by_instance(cluster)) == set(fleet["ids"])  # nothing new yet
 
     asg.feed(group)  # the group's instance is up
-    reconcile_cluster(cluster.id, later(now, 2))
+    reconcile_cluster_unlocked(cluster.id, later(now, 2))
     (fresh,) = set(by_instance(cluster)) - set(fleet["ids"])
     new = node_of(cluster, fresh)
     assert new.is_spare and new.state == Node.State.PROVISIONING
@@ -238,10 +238,10 @@ def test_a_failed_launch_is_an_event_a_condition_and_a_backoff(aws, standin, asg
     first, second = working(cluster)
     Node.objects.filter(pk=first.pk).update(replace_requested_at=now)
     asg.starve(group)
-    reconcile_cluster(cluster.id, later(now, 1))  # terminated; the group cannot launch
+    reconcile_cluster_unlocked(cluster.id, later(now, 1))  # terminated; the group cannot launch
     asg.activities[group] = [insufficient_capacity(group)]
 
-    reconcile_cluster(cluster.id, later(now, 2))
+    reconcile_cluster_unlocked(cluster.id, later(now, 2))
 
     (event,) = first.events.filter(reason__startswith="the group could not launch")
     assert "Failed: We currently do not have sufficient p5.48xlarge capacity" in event.reason
@@ -257,24 +257,25 @@ def test_a_failed_launch_is_an_event_a_condition_and_a_backoff(aws, standin, asg
     # Backing off: an operator's replacement is claimed but not asked, and no
     # spare is asked for (the group would fail both).
     Node.objects.filter(pk=second.pk).update(replace_requested_at=later(now, 3))
-    reconcile_cluster(cluster.id, later(now, 3))
+    reconcile_cluster_unlocked(cluster.id, later(now, 3))
     second.refresh_from_db()
     assert second.state == Node.State.REPLACED and second.replace_requested_at is not None
     assert instance_id(second.provider_id) in group_instances(aws, group)
     assert second.events.filter(reason__startswith="replacement deferred").exists()
     assert desired(aws, group) == 3
-    reconcile_cluster(cluster.id, later(now, 20))  # the same failure read again: counted once
+    # The same failure read again: counted once.
+    reconcile_cluster_unlocked(cluster.id, later(now, 20))
     pool.refresh_from_db()
     assert pool.scaling_failures == 1
     assert instance_id(second.provider_id) in group_instances(aws, group)
 
     # Past the backoff the owed ask is made; once the group launches, the
     # failures in a row end and the condition goes.
-    reconcile_cluster(cluster.id, later(now, 33))
+    reconcile_cluster_unlocked(cluster.id, later(now, 33))
     assert instance_id(second.provider_id) not in group_instances(aws, group)
     asg.feed(group)
     asg.activities[group].append(activity(group, "Successful"))
-    reconcile_cluster(cluster.id, later(now, 34))
+    reconcile_cluster_unlocked(cluster.id, later(now, 34))
     pool.refresh_from_db()
     cluster.refresh_from_db()
     assert pool.scaling_failures == 0 and pool.scaling_watch_since is None
@@ -301,14 +302,14 @@ def test_a_termination_hook_is_completed_for_our_drained_node_only(
     # The gang on it is still leaving (stopped, pods terminating).
     monkeypatch.setattr(scaling, "jobs_on", lambda ids: {old.id: [7]})
 
-    reconcile_cluster(cluster.id, later(now, 1))
+    reconcile_cluster_unlocked(cluster.id, later(now, 1))
 
     old.refresh_from_db()
     assert old.state == Node.State.REPLACED and old.released_at is None
     assert set(asg.held) == {ours, theirs} and asg.completed == []
 
     monkeypatch.setattr(scaling, "jobs_on", lambda ids: {})
-    reconcile_cluster(cluster.id, later(now, 2))
+    reconcile_cluster_unlocked(cluster.id, later(now, 2))
 
     old.refresh_from_db()
     assert old.released_at == later(now, 2)
@@ -318,5 +319,5 @@ def test_a_termination_hook_is_completed_for_our_drained_node_only(
     assert old.events.filter(reason__contains=f"lifecycle action of {ours} completed").exists()
     assert set(asg.held) == {theirs}  # not ours to let go
 
-    reconcile_cluster(cluster.id, later(now, 3))
+    reconcile_cluster_unlocked(cluster.id, later(now, 3))
     assert len(asg.completed) == 1 and set(asg.held) == {theirs}

@@ -13,7 +13,7 @@ from django.utils import timezone
 from clusters.models import Cluster, Node, NodePool
 from clusters.providers.kubernetes import KubernetesProvider, KubeSettings, capacity
 from clusters.providers.kubernetes import manifests as mf
-from clusters.reconcile import reconcile_cluster
+from clusters.reconcile import reconcile_cluster_unlocked
 from jobs.models import Phase
 from tests.clusters.test_kubernetes_manifests import make_pool, make_request
 from tests.fleet_helpers import later, launch, submit, team_with_quota
@@ -101,18 +101,18 @@ def test_a_karpenter_pool_keeps_its_size_across_three_replacements(db, standin, 
     for name in ("n1", "n2"):
         standin.put(st.NODES, st.node(name, labels=POOL))
     now = timezone.now()
-    reconcile_cluster(cluster.id, now)
+    reconcile_cluster_unlocked(cluster.id, now)
     assert working(cluster) == ["n1", "n2"]
 
     for round_ in range(3):
         victim = working(cluster)[0]
         standin.get(st.NODES, victim)["status"]["conditions"].append(failing(victim))
         now = later(now, 30)
-        reconcile_cluster(cluster.id, now)  # cordoned, replaced: a capacity pod asks
+        reconcile_cluster_unlocked(cluster.id, now)  # cordoned, replaced: a capacity pod asks
         assert Node.objects.get(name=victim).state == Node.State.REPLACED
         assert standin.get(st.NODES, victim) is None
         now = later(now, 30)
-        reconcile_cluster(cluster.id, now)  # Karpenter's node joins by its labels
+        reconcile_cluster_unlocked(cluster.id, now)  # Karpenter's node joins by its labels
         assert len(working(cluster)) == 2, round_
         assert launched[round_] in working(cluster)
 
@@ -143,13 +143,13 @@ def test_a_karpenter_spare_is_a_capacity_pod_until_its_node_joins(db, standin):
     cluster = kube_cluster(standin, size=1, spares=1)
     standin.put(st.NODES, st.node("n1", labels=POOL))
     now = timezone.now()
-    reconcile_cluster(cluster.id, now)
+    reconcile_cluster_unlocked(cluster.id, now)
     (spare,) = Node.objects.filter(cluster=cluster, is_spare=True)
     assert spare.state == Node.State.PROVISIONING
     (pod,) = standin.store[PODS].values()
     assert pod["metadata"]["labels"][capacity.LABEL_FOR] == spare.name
 
-    reconcile_cluster(cluster.id, later(now, 30))  # still pending: the row waits
+    reconcile_cluster_unlocked(cluster.id, later(now, 30))  # still pending: the row waits
     assert Node.objects.filter(cluster=cluster, is_spare=True).get().state == (
         Node.State.PROVISIONING)
     assert len(standin.store[PODS]) == 1
@@ -157,7 +157,7 @@ def test_a_karpenter_spare_is_a_capacity_pod_until_its_node_joins(db, standin):
     # Karpenter's node comes up and takes the pod: it joins as the spare.
     standin.put(st.NODES, st.node("karp-x", labels=POOL))
     pod["spec"]["nodeName"] = "karp-x"
-    reconcile_cluster(cluster.id, later(now, 60))
+    reconcile_cluster_unlocked(cluster.id, later(now, 60))
     spares = Node.objects.filter(cluster=cluster, is_spare=True,
                                  state__in=(Node.State.READY, Node.State.PROVISIONING))
     assert [n.name for n in spares] == ["karp-x"]

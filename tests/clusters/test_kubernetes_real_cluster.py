@@ -21,10 +21,10 @@ from kubernetes import client as k8s
 
 from clusters.models import Cluster, Node, NodePool
 from clusters.providers.registry import get_provider, pool_info
-from clusters.reconcile import reconcile_cluster
+from clusters.reconcile import reconcile_cluster_unlocked
 from controlplane.lib.errors import TemporaryError
 from jobs.models import JobAttempt, Phase
-from jobs.reconcile import reconcile_job
+from jobs.reconcile import reconcile_job_unlocked
 from tests.api_factories import worker_client
 from tests.fleet_helpers import heartbeat, later, launch, submit, team_with_quota
 from tests.support.kube_cluster import CHECKPOINT_PVC, TRAINING_NS
@@ -80,7 +80,7 @@ def test_a_job_runs_on_the_pools_kwok_nodes_through_the_real_operator_and_schedu
     pool = gpu_pool(kube_world)
     cluster = kube_cluster(kube_world, pool, fsx)
     now = timezone.now()
-    reconcile_cluster(cluster.id, now)
+    reconcile_cluster_unlocked(cluster.id, now)
     rows = Node.objects.filter(cluster=cluster)
     assert {(n.name, n.state, n.gpus) for n in rows} == {
         (pool.node_name(i), Node.State.READY, 8) for i in range(pool.size)}
@@ -122,7 +122,7 @@ def test_a_job_runs_on_the_pools_kwok_nodes_through_the_real_operator_and_schedu
 
     # The trainer's first heartbeat: the one part kwok cannot play.
     heartbeat(attempt, 1, later(now, 5))
-    reconcile_job(job.id, later(now, 6))
+    reconcile_job_unlocked(job.id, later(now, 6))
     job.refresh_from_db()
     attempt.refresh_from_db()
     assert job.phase == Phase.RUNNING
@@ -138,7 +138,7 @@ def running_job(world, fsx, *, pool_size=3, nodes=2, image="registry.example/tra
     if pool_settings:
         NodePool.objects.filter(cluster=cluster).update(settings=pool_settings)
     now = timezone.now()
-    reconcile_cluster(cluster.id, now)
+    reconcile_cluster_unlocked(cluster.id, now)
     team = team_with_quota(cluster, gpus=8 * pool_size)
     job = submit(cluster, team, nodes=nodes, gpus=8, image=image,
                  storage_uri=str(fsx / "train"))
@@ -151,7 +151,7 @@ def running_job(world, fsx, *, pool_size=3, nodes=2, image="registry.example/tra
         eventually(lambda: running_pods(world, name, nodes), timeout=60, interval=0.2,
                    what="the operator's pods to run")
         heartbeat(attempt, 1, later(now, 5))
-        reconcile_job(job.id, later(now, 6))
+        reconcile_job_unlocked(job.id, later(now, 6))
         job.refresh_from_db()
         assert job.phase == Phase.RUNNING
     return job, attempt, name, later(now, 6)
@@ -189,7 +189,7 @@ def test_a_rank_that_exits_with_an_error_fails_the_job_at_once(db, kube_world, f
     eventually(lambda: condition_true(kube_world.pytorchjob(name), "Failed"), timeout=30,
                interval=0.2, what="the operator to mark the PyTorchJob Failed")
     assert pod_phase(kube_world, f"{name}-master-0") == "Running"
-    reconcile_job(job.id, later(now, 5))
+    reconcile_job_unlocked(job.id, later(now, 5))
 
     job.refresh_from_db()
     attempt.refresh_from_db()
@@ -216,7 +216,7 @@ def test_an_image_that_cannot_be_pulled_is_the_users_error(db, kube_world, fsx):
             for p in pods)
 
     eventually(pull_failed, timeout=60, interval=0.2, what="the image pull to fail")
-    reconcile_job(job.id, later(now, job.cluster.config.observe_interval_s))
+    reconcile_job_unlocked(job.id, later(now, job.cluster.config.observe_interval_s))
 
     job.refresh_from_db()
     attempt.refresh_from_db()
@@ -229,7 +229,7 @@ def test_a_gang_the_scheduler_cannot_place_waits_with_the_schedulers_reason(db, 
     pool = gpu_pool(kube_world, size=2)
     cluster = kube_cluster(kube_world, pool, fsx)
     now = timezone.now()
-    reconcile_cluster(cluster.id, now)
+    reconcile_cluster_unlocked(cluster.id, now)
     # Another tenant's pod holds one node's GPUs: Regatta's rows do not know,
     # the scheduler does.
     other = pool.node_name(0)
@@ -256,7 +256,7 @@ def test_a_gang_the_scheduler_cannot_place_waits_with_the_schedulers_reason(db, 
     message = eventually(unschedulable, timeout=60, interval=0.2,
                          what="the scheduler to give up on a pod")
     assert "Insufficient nvidia.com/gpu" in message
-    reconcile_job(job.id, later(now, 5))
+    reconcile_job_unlocked(job.id, later(now, 5))
     job.refresh_from_db()
     assert job.phase == Phase.STARTING
     assert "Unschedulable" in job.pending_reason
@@ -273,7 +273,7 @@ def test_cancel_deletes_the_pytorchjob_and_garbage_collection_takes_its_pods(db,
     assert kube_world.pods(f"{OPERATOR_JOB_LABEL}={name}")
 
     job.request_cancel("owner", now=later(now, 1))
-    reconcile_job(job.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 2))
 
     eventually(lambda: kube_world.pytorchjob(name) is None, timeout=60, interval=0.2,
                what="the PyTorchJob to go")
@@ -281,7 +281,7 @@ def test_cancel_deletes_the_pytorchjob_and_garbage_collection_takes_its_pods(db,
                interval=0.2, what="its pods to go")
     secrets = kube_world.core.list_namespaced_secret(TRAINING_NS).items
     assert f"{name}-token" not in {s.metadata.name for s in secrets}
-    reconcile_job(job.id, later(now, 5))
+    reconcile_job_unlocked(job.id, later(now, 5))
     job.refresh_from_db()
     assert job.phase == Phase.CANCELLED
 
@@ -296,8 +296,8 @@ def test_a_node_that_goes_not_ready_is_cordoned_and_the_job_relaunched_on_health
     eventually(lambda: not kube_world.fleet.ready(bad), timeout=30, interval=0.2,
                what="kwok to report the node NotReady")
 
-    reconcile_cluster(job.cluster_id, later(now, 5))
-    reconcile_job(job.id, later(now, 6))
+    reconcile_cluster_unlocked(job.cluster_id, later(now, 5))
+    reconcile_job_unlocked(job.id, later(now, 6))
 
     # Cordoned by a real PATCH with Regatta's own token.
     node = kube_world.core.read_node(bad)
@@ -371,7 +371,7 @@ def test_a_restarted_control_plane_finds_the_pytorchjob_and_its_pods_again(db, k
     assert {(n.node_rank, n.node, n.running) for n in status.nodes} == {
         (rank, node, True) for rank, node in placed.items()}
     heartbeat(attempt, 40, later(now, 30))
-    reconcile_job(job.id, later(now, 31))
+    reconcile_job_unlocked(job.id, later(now, 31))
 
     job.refresh_from_db()
     assert job.phase == Phase.RUNNING and job.attempts.count() == 1
@@ -387,12 +387,12 @@ def test_a_spot_interruption_taint_on_an_idle_node_replaces_it_the_karpenter_way
     cluster = kube_cluster(kube_world, pool, fsx)
     NodePool.objects.filter(cluster=cluster).update(settings={"node_autoscaler": "karpenter"})
     now = timezone.now()
-    reconcile_cluster(cluster.id, now)
+    reconcile_cluster_unlocked(cluster.id, now)
     doomed = pool.node_name(0)
     # What AWS Node Termination Handler does on EC2's two-minute notice.
     kube_world.fleet.taint(doomed, SPOT_ITN_TAINT)
 
-    reconcile_cluster(cluster.id, later(now, 5))
+    reconcile_cluster_unlocked(cluster.id, later(now, 5))
 
     (event,) = NodeHealthEvent.objects.filter(node__name=doomed)
     assert event.kind == "spot_notice" and event.severity == "critical"

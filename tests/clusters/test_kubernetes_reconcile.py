@@ -3,7 +3,7 @@
 No Kubernetes API server can run here: tests/support/k8s_standin.py serves
 the shapes a real one returns over real HTTP on 127.0.0.1, through the
 official client. The cluster and job reconcilers run as in production
-(clusters.reconcile.reconcile_cluster, jobs.reconcile.reconcile_job) against
+(clusters.reconcile.reconcile_cluster_unlocked, jobs.reconcile.reconcile_job_unlocked) against
 a real database; the stand-in plays the API server, and the test plays the
 training operator by putting the pods it would make.
 """
@@ -15,9 +15,9 @@ from django.conf import settings
 from django.utils import timezone
 
 from clusters.models import Cluster, Node, NodeEvent, NodeHealthEvent, NodePool
-from clusters.reconcile import reconcile_cluster
+from clusters.reconcile import reconcile_cluster_unlocked
 from jobs.models import JobAttempt, Phase, hash_token
-from jobs.reconcile import reconcile_job
+from jobs.reconcile import reconcile_job_unlocked
 from tests.fleet_helpers import later, launch, submit, team_with_quota, write_checkpoint
 from tests.support import k8s_standin as st
 
@@ -65,7 +65,7 @@ def test_it_turns_the_clusters_nodes_and_their_health_into_rows(db, standin):
     standin.put(st.NODES, st.node("cpu-1", labels={"eks.amazonaws.com/nodegroup": "cpu"}))
     now = timezone.now()
 
-    reconcile_cluster(cluster.id, now)
+    reconcile_cluster_unlocked(cluster.id, now)
 
     rows = {n.name: n for n in Node.objects.filter(cluster=cluster)}
     assert set(rows) == {"n-ok", "n-xid", "n-plugin", "n-dcgm", "n-down"}
@@ -96,7 +96,7 @@ def test_it_turns_the_clusters_nodes_and_their_health_into_rows(db, standin):
         assert standin.get(st.NODES, name) is None  # deleted for Karpenter to replace
     assert standin.get(st.NODES, "n-ok")["spec"].get("unschedulable") is None
 
-    reconcile_cluster(cluster.id, later(now, 30))  # the same conditions, seen again
+    reconcile_cluster_unlocked(cluster.id, later(now, 30))  # the same conditions, seen again
     assert NodeHealthEvent.objects.filter(node__cluster=cluster).count() == 4
 
 
@@ -104,12 +104,12 @@ def test_a_nodes_new_dcgm_failure_on_a_later_sweep_is_a_new_event(db, standin):
     cluster = kube_cluster(standin, size=1)
     standin.put(st.NODES, st.node("n1", labels=GROUP, conditions=[hardware("True", "Ok")]))
     now = timezone.now()
-    reconcile_cluster(cluster.id, now)
+    reconcile_cluster_unlocked(cluster.id, now)
     assert Node.objects.get(name="n1").state == Node.State.READY
 
     standin.get(st.NODES, "n1")["status"]["conditions"][1] = hardware(
         "False", "DCGMDiagFailure", when="2026-01-03T00:00:00Z", message="diag level 2")
-    reconcile_cluster(cluster.id, later(now, 10))
+    reconcile_cluster_unlocked(cluster.id, later(now, 10))
     (event,) = NodeHealthEvent.objects.filter(node__name="n1")
     assert (event.kind, event.severity) == ("dcgm", "critical")
     assert event.evidence["key"] == "n1/AcceleratedHardwareReady/2026-01-03T00:00:00Z"
@@ -126,7 +126,7 @@ def launched_job(standin, fsx, nodes=("n1", "n2", "n3")):
     for name in nodes:
         standin.put(st.NODES, st.node(name, labels=GROUP, instance=f"i-0{name}"))
     now = timezone.now()
-    reconcile_cluster(cluster.id, now)
+    reconcile_cluster_unlocked(cluster.id, now)
     team = team_with_quota(cluster, gpus=24)
     job = submit(cluster, team, nodes=2, gpus=8, image="registry.example/trainer:2.1",
                  storage_uri=str(fsx / "train"),
@@ -215,7 +215,7 @@ def test_a_job_whose_pytorchjob_succeeds_succeeds(db, standin, fsx, fleet_dirs):
     standin.put(PODS, st.pod(name, "Worker", 0, node_name=placed[1], phase="Succeeded",
                              exit_code=0, reason="Completed"))
 
-    reconcile_job(job.id, later(now, 5))
+    reconcile_job_unlocked(job.id, later(now, 5))
 
     job.refresh_from_db()
     attempt.refresh_from_db()
@@ -239,7 +239,7 @@ def test_a_rank_that_dies_with_its_node_is_relaunched_elsewhere(db, standin, fsx
     lost["status"]["containerStatuses"] = []
     standin.put(PODS, lost)
 
-    reconcile_job(job.id, later(now, 5))
+    reconcile_job_unlocked(job.id, later(now, 5))
 
     job.refresh_from_db()
     attempt.refresh_from_db()
@@ -255,7 +255,7 @@ def test_a_rank_that_dies_with_its_node_is_relaunched_elsewhere(db, standin, fsx
     assert {"NodeFailed", "NodeCordoned"} <= set(job.events.values_list("kind", flat=True))
     # The lost node is cordoned, then replaced the Karpenter pool's way, by
     # the cluster's reconcile (the job's pass only claimed the replacement).
-    reconcile_cluster(job.cluster_id, later(now, 6))
+    reconcile_cluster_unlocked(job.cluster_id, later(now, 6))
     bad = Node.objects.get(name=placed[1])
     assert bad.state == Node.State.REPLACED
     assert [(c.method, c.body) for c in standin.requests

@@ -13,9 +13,9 @@ from django.utils import timezone
 from clusters.models import Cluster, NodePool
 from clusters.providers.kubernetes import KubernetesProvider, KubeSettings
 from clusters.providers.kubernetes.observe import attempt_status
-from clusters.reconcile import reconcile_cluster
+from clusters.reconcile import reconcile_cluster_unlocked
 from jobs.models import JobAttempt, Phase
-from jobs.reconcile import reconcile_job
+from jobs.reconcile import reconcile_job_unlocked
 from tests.clusters.test_kubernetes_manifests import make_request
 from tests.fleet_helpers import later, launch, submit, team_with_quota
 from tests.support import k8s_standin as st
@@ -174,7 +174,7 @@ def kube_job(standin, fsx, **cluster_settings):
     for name in ("n1", "n2"):
         standin.put(st.NODES, st.node(name, labels=GROUP, instance=f"i-0{name}"))
     now = timezone.now()
-    reconcile_cluster(cluster.id, now)
+    reconcile_cluster_unlocked(cluster.id, now)
     team = team_with_quota(cluster, gpus=16)
     job = submit(cluster, team, nodes=2, gpus=8, image="registry.example/nope:1.0",
                  storage_uri=str(fsx / "train"))
@@ -193,7 +193,7 @@ def test_an_image_that_does_not_exist_fails_the_job_on_the_first_look(db, standi
                                      reason="ImagePullBackOff",
                                      message='Back-off pulling image "registry.example/nope:1.0"'))
 
-    reconcile_job(job.id, later(now, job.cluster.config.observe_interval_s))
+    reconcile_job_unlocked(job.id, later(now, job.cluster.config.observe_interval_s))
 
     job.refresh_from_db()
     attempt.refresh_from_db()
@@ -210,7 +210,7 @@ def test_a_missing_secret_fails_the_job_with_its_name(db, standin, fsx):
     standin.put(PODS, st.waiting_pod(name, "Master", 0, node_name="n1",
                                      reason="CreateContainerConfigError",
                                      message='secret "hf-token" not found'))
-    reconcile_job(job.id, later(now, 5))
+    reconcile_job_unlocked(job.id, later(now, 5))
     job.refresh_from_db()
     assert job.phase == Phase.FAILED and 'secret "hf-token" not found' in job.last_error
 
@@ -221,7 +221,7 @@ def test_an_unschedulable_gang_waits_with_its_reason_and_never_hangs(db, standin
     standin.put(PODS, st.unschedulable_pod(name, "Worker", 0, message=NO_GPUS))
     config = job.cluster.config
 
-    result = reconcile_job(job.id, later(now, config.observe_interval_s))
+    result = reconcile_job_unlocked(job.id, later(now, config.observe_interval_s))
 
     job.refresh_from_db()
     assert job.phase == Phase.STARTING
@@ -233,7 +233,7 @@ def test_an_unschedulable_gang_waits_with_its_reason_and_never_hangs(db, standin
     # Far past every start-up deadline: still a wait, one event, no relaunch.
     deadline = config.first_heartbeat_deadline_s
     for step in (deadline / 2, deadline * 2, deadline * 4):
-        reconcile_job(job.id, later(now, step))
+        reconcile_job_unlocked(job.id, later(now, step))
     job.refresh_from_db()
     attempt.refresh_from_db()
     assert job.phase == Phase.STARTING and attempt.state == JobAttempt.State.STARTING
@@ -244,10 +244,10 @@ def test_an_unschedulable_gang_waits_with_its_reason_and_never_hangs(db, standin
     standin.get(JOBS, name)["status"] = {"conditions": [st.job_condition("Running")]}
     standin.put(PODS, st.pod(name, "Master", 0, node_name="n1"))
     standin.put(PODS, st.pod(name, "Worker", 0, node_name="n2"))
-    reconcile_job(job.id, later(now, deadline * 4 + 5))
+    reconcile_job_unlocked(job.id, later(now, deadline * 4 + 5))
     job.refresh_from_db()
     assert job.pending_reason == "" and job.phase == Phase.STARTING
-    reconcile_job(job.id, later(now, deadline * 5 + 10))
+    reconcile_job_unlocked(job.id, later(now, deadline * 5 + 10))
     job.refresh_from_db()
     attempt.refresh_from_db()
     assert attempt.failure_class == "hang"  # now the silence is a hang
@@ -256,7 +256,7 @@ def test_an_unschedulable_gang_waits_with_its_reason_and_never_hangs(db, standin
 def test_a_kueue_held_job_waits_with_kueues_message(db, standin, fsx):
     st.kueue_holds(standin, NO_QUOTA)
     job, attempt, name, now = kube_job(standin, fsx, gang_scheduler="kueue", queue="team-a")
-    reconcile_job(job.id, later(now, 5))
+    reconcile_job_unlocked(job.id, later(now, 5))
     job.refresh_from_db()
     assert job.phase == Phase.STARTING and NO_QUOTA in job.pending_reason
     (event,) = job.events.filter(kind="WaitingToStart")
@@ -267,7 +267,7 @@ def test_a_kueue_held_job_waits_with_kueues_message(db, standin, fsx):
 def test_a_volcano_gang_that_cannot_be_placed_waits_with_volcanos_message(db, standin, fsx):
     job, attempt, name, now = kube_job(standin, fsx, gang_scheduler="volcano", queue="training")
     standin.put(st.volcano_podgroups(NS), st.podgroup(standin.get(JOBS, name), message=GANG))
-    reconcile_job(job.id, later(now, 5))
+    reconcile_job_unlocked(job.id, later(now, 5))
     job.refresh_from_db()
     assert job.phase == Phase.STARTING and GANG in job.pending_reason
     assert job.events.filter(kind="WaitingToStart").count() == 1

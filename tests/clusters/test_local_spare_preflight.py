@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from clusters.models import Cluster, Node, NodePool
 from clusters.providers import get_provider, pool_info
-from clusters.reconcile import reconcile_cluster
+from clusters.reconcile import reconcile_cluster_unlocked
 from tests.clusters.local_fleet import kill_everything
 from tests.fleet_helpers import later
 
@@ -28,7 +28,7 @@ def lab_cluster(db, tmp_path):
 
 def test_a_local_spare_passes_a_one_node_check_when_it_joins(lab_cluster):
     now = timezone.now()
-    reconcile_cluster(lab_cluster.id, now)
+    reconcile_cluster_unlocked(lab_cluster.id, now)
 
     spare = Node.objects.get(cluster=lab_cluster, is_spare=True)
     assert spare.state == Node.State.READY and spare.preflight_passed_at == now
@@ -39,18 +39,18 @@ def test_a_local_spare_passes_a_one_node_check_when_it_joins(lab_cluster):
 
 def test_a_local_spare_that_fails_its_join_check_is_cordoned_with_the_failing_check(lab_cluster):
     now = timezone.now()
-    reconcile_cluster(lab_cluster.id, now)
+    reconcile_cluster_unlocked(lab_cluster.id, now)
     spare = Node.objects.get(cluster=lab_cluster, is_spare=True)
     get_provider(lab_cluster).inject_fault(pool_info(spare.pool), spare.name, "preflight_fail")
     Node.objects.filter(pk=spare.pk).update(preflight_passed_at=None)  # as if it just joined
 
-    reconcile_cluster(lab_cluster.id, later(now, 5))
+    reconcile_cluster_unlocked(lab_cluster.id, later(now, 5))
 
     spare.refresh_from_db()
     assert spare.state == Node.State.CORDONED and spare.preflight_passed_at is None
     health = spare.health_events.get()
     assert health.evidence["preflight"]["check"] == "self-test"
     assert "simulated hardware fault" in health.evidence["preflight"]["error"]
-    reconcile_cluster(lab_cluster.id, later(now, 10))
+    reconcile_cluster_unlocked(lab_cluster.id, later(now, 10))
     fresh = Node.objects.get(cluster=lab_cluster, is_spare=True, state=Node.State.READY)
     assert fresh.pk != spare.pk and fresh.preflight_passed_at == later(now, 10)

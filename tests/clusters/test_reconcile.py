@@ -6,12 +6,12 @@ from django.utils import timezone
 
 from clusters.models import Node, NodeHealthEvent
 from clusters.providers import pool_info
-from clusters.reconcile import due_cluster_ids, reconcile_cluster
+from clusters.reconcile import due_cluster_ids, reconcile_cluster_unlocked
 from clusters.reconcile.replacement import replace_node, take_out
 from controlplane.lib.errors import TemporaryError
 from jobs.admission import admit
 from jobs.models import Phase
-from jobs.reconcile import reconcile_job
+from jobs.reconcile import reconcile_job_unlocked
 from tests.fleet_helpers import (
     heartbeat,
     later,
@@ -43,7 +43,7 @@ def test_it_creates_rows_for_new_nodes_with_the_ones_beyond_size_as_spares(mem_c
 def test_it_marks_nodes_the_provider_no_longer_has_terminated(mem_cluster):
     node = Node.objects.filter(cluster=mem_cluster, is_spare=False).first()
     provider_of(mem_cluster).remove_node(pool_info(node.pool), node.name)
-    reconcile_cluster(mem_cluster.id, timezone.now())
+    reconcile_cluster_unlocked(mem_cluster.id, timezone.now())
     node.refresh_from_db()
     assert node.state == Node.State.TERMINATED
     # The pool keeps its working size from the spare, and provisions a new spare.
@@ -56,10 +56,10 @@ def test_it_keeps_the_spare_pool_full(mem_cluster):
     pool = mem_cluster.pools.get()
     pool.spare_count = 3
     pool.save()
-    reconcile_cluster(mem_cluster.id, timezone.now())
+    reconcile_cluster_unlocked(mem_cluster.id, timezone.now())
     assert Node.objects.filter(cluster=mem_cluster, is_spare=True, state="ready").count() == 3
     assert len([c for c in provider_of(mem_cluster).fleet.calls if c[0] == "provision_node"]) == 2
-    reconcile_cluster(mem_cluster.id, timezone.now())
+    reconcile_cluster_unlocked(mem_cluster.id, timezone.now())
     assert len([c for c in provider_of(mem_cluster).fleet.calls if c[0] == "provision_node"]) == 2
 
 
@@ -68,7 +68,7 @@ def test_a_health_signal_is_recorded_once_and_takes_an_idle_node_out_for_a_spare
     provider = provider_of(mem_cluster)
     for _ in range(2):
         provider.signal(pool_info(node.pool), node.name, "xid", message="XID 48", key="x1")
-        reconcile_cluster(mem_cluster.id, timezone.now())
+        reconcile_cluster_unlocked(mem_cluster.id, timezone.now())
     event = NodeHealthEvent.objects.get(node=node)
     assert event.kind == "xid" and event.handled_at is not None
     node.refresh_from_db()
@@ -88,7 +88,7 @@ def test_an_open_event_of_a_node_already_replaced_is_closed(mem_cluster):
     event = NodeHealthEvent.objects.create(node=node, kind="lost", severity="critical",
                                            message="node lost", created_at=now)
     replace_node(node, "replaced after a hardware failure", now)
-    reconcile_cluster(mem_cluster.id, later(now, 1))
+    reconcile_cluster_unlocked(mem_cluster.id, later(now, 1))
     event.refresh_from_db()
     assert event.handled_at == later(now, 1)
 
@@ -97,7 +97,7 @@ def test_a_warning_signal_is_recorded_and_leaves_the_node_alone(mem_cluster):
     node = Node.objects.filter(cluster=mem_cluster, is_spare=False).first()
     provider_of(mem_cluster).signal(pool_info(node.pool), node.name, "thermal",
                                 severity="warning", message="81 C")
-    reconcile_cluster(mem_cluster.id, timezone.now())
+    reconcile_cluster_unlocked(mem_cluster.id, timezone.now())
     node.refresh_from_db()
     assert node.state == Node.State.READY
     assert NodeHealthEvent.objects.get(node=node).severity == "warning"
@@ -106,7 +106,7 @@ def test_a_warning_signal_is_recorded_and_leaves_the_node_alone(mem_cluster):
 def test_an_operator_s_replacement_of_an_idle_node_is_carried_out(mem_cluster):
     node = Node.objects.filter(cluster=mem_cluster, is_spare=False).first()
     Node.objects.filter(pk=node.pk).update(replace_requested_at=timezone.now())
-    reconcile_cluster(mem_cluster.id, timezone.now())
+    reconcile_cluster_unlocked(mem_cluster.id, timezone.now())
     node.refresh_from_db()
     assert node.state == Node.State.REPLACED
     assert node.replace_requested_at is None
@@ -132,7 +132,7 @@ def test_a_replacement_a_job_claimed_is_asked_of_the_provider_by_the_cluster(mem
                    ask_provider=False)
     assert out.spare is not None
     assert ("replace", node.name) not in provider_of(mem_cluster).fleet.calls
-    reconcile_cluster(mem_cluster.id, later(now, 1))
+    reconcile_cluster_unlocked(mem_cluster.id, later(now, 1))
     node.refresh_from_db()
     assert ("replace", node.name) in provider_of(mem_cluster).fleet.calls
     # Settled; the ask's time stays: the machine is ours to release.
@@ -148,14 +148,14 @@ def test_a_failed_provider_replacement_is_asked_again_after_a_backoff(mem_cluste
     def refuse(self, pool, name):
         raise TemporaryError("InsufficientInstanceCapacity for p5.48xlarge")
     monkeypatch.setattr(memory_provider.MemoryProvider, "replace", refuse)
-    reconcile_cluster(mem_cluster.id, later(now, 1))
+    reconcile_cluster_unlocked(mem_cluster.id, later(now, 1))
     node.refresh_from_db()
     assert node.replace_failures == 1 and "InsufficientInstanceCapacity" in node.replace_error
     assert node.events.filter(reason__contains="InsufficientInstanceCapacity").exists()
     monkeypatch.undo()
-    reconcile_cluster(mem_cluster.id, later(now, 2))  # within the backoff: not asked
+    reconcile_cluster_unlocked(mem_cluster.id, later(now, 2))  # within the backoff: not asked
     assert ("replace", node.name) not in provider_of(mem_cluster).fleet.calls
-    reconcile_cluster(mem_cluster.id, later(now, 60))
+    reconcile_cluster_unlocked(mem_cluster.id, later(now, 60))
     node.refresh_from_db()
     assert ("replace", node.name) in provider_of(mem_cluster).fleet.calls
     assert node.replace_failures == 0 and node.replace_error == ""
@@ -165,7 +165,7 @@ def test_a_replacement_whose_provider_call_never_happened_is_asked_again(mem_clu
     node = Node.objects.filter(cluster=mem_cluster, is_spare=False).order_by("name").first()
     now = timezone.now()
     claimed_by_a_pass_that_died(node, later(now, -3600))
-    reconcile_cluster(mem_cluster.id, now)
+    reconcile_cluster_unlocked(mem_cluster.id, now)
     node.refresh_from_db()
     assert ("replace", node.name) in provider_of(mem_cluster).fleet.calls
     assert node.replace_requested_at is None
@@ -178,7 +178,7 @@ def test_a_replacement_asked_of_the_provider_moments_ago_is_not_asked_twice(mem_
     node = Node.objects.filter(cluster=mem_cluster, is_spare=False).order_by("name").first()
     now = timezone.now()
     claimed_by_a_pass_that_died(node, later(now, -5))  # or still waiting for its machine
-    reconcile_cluster(mem_cluster.id, now)
+    reconcile_cluster_unlocked(mem_cluster.id, now)
     node.refresh_from_db()
     assert ("replace", node.name) not in provider_of(mem_cluster).fleet.calls
     assert node.replace_requested_at == later(now, -5)
@@ -202,25 +202,25 @@ def test_a_drained_node_under_a_job_preempts_the_job_which_resumes_elsewhere(mem
     attempt = job.attempts.get()
     node = nodes_of(attempt)[0]
     node.drain("maintenance", now=now)
-    reconcile_cluster(mem_cluster.id, later(now, 1))
+    reconcile_cluster_unlocked(mem_cluster.id, later(now, 1))
     assert ("drain", node.name) in provider_of(mem_cluster).fleet.calls
-    reconcile_job(job.id, later(now, 2))  # asks the trainer for a checkpoint first
+    reconcile_job_unlocked(job.id, later(now, 2))  # asks the trainer for a checkpoint first
     attempt.refresh_from_db()
     assert attempt.checkpoint_request_id
     heartbeat(attempt, 5, later(now, 199))  # the ranks live on, the checkpoint never comes
-    reconcile_job(job.id, later(now, 200))  # none came within spot_checkpoint_wait_s
+    reconcile_job_unlocked(job.id, later(now, 200))  # none came within spot_checkpoint_wait_s
     job.refresh_from_db()
     assert job.restart_counts == {"preempted": 1}
     assert job.phase == Phase.STARTING
     assert node.name not in {n.name for n in nodes_of(job.attempts.get(number=2))}
-    reconcile_cluster(mem_cluster.id, later(now, 201))
+    reconcile_cluster_unlocked(mem_cluster.id, later(now, 201))
     node.refresh_from_db()
     assert node.state == Node.State.CORDONED  # drained: nothing runs on it now
 
 
 def test_a_pass_stores_when_to_look_again(mem_cluster):
     now = timezone.now()
-    reconcile_cluster(mem_cluster.id, now)
+    reconcile_cluster_unlocked(mem_cluster.id, now)
     assert mem_cluster.id not in due_cluster_ids(later(now, 1))
     assert mem_cluster.id in due_cluster_ids(later(now, 60))
 
@@ -235,8 +235,8 @@ def test_a_pool_that_cannot_grow_spares_still_admits_jobs(db):
     pool.save()
     team = team_with_quota(mem_cluster)
     job = submit(mem_cluster, team, nodes=1, gpus=2)
-    reconcile_job(job.id, timezone.now())
-    reconcile_cluster(mem_cluster.id, timezone.now())
+    reconcile_job_unlocked(job.id, timezone.now())
+    reconcile_cluster_unlocked(mem_cluster.id, timezone.now())
     admit(mem_cluster.id, timezone.now())
     job.refresh_from_db()
     assert job.phase in (Phase.ADMITTED, Phase.STARTING, Phase.RUNNING)

@@ -6,11 +6,11 @@ from django.utils import timezone
 
 from clusters.models import Cluster, Node, NodeHealthEvent, NodePool
 from clusters.providers import PreflightResult, pool_info
-from clusters.reconcile import reconcile_cluster
+from clusters.reconcile import reconcile_cluster_unlocked
 from clusters.reconcile.replacement import replace_node
 from clusters.reconcile.spares import _settle
 from jobs.models import JobAttempt
-from jobs.reconcile import reconcile_job
+from jobs.reconcile import reconcile_job_unlocked
 from tests.fleet_helpers import (
     later,
     launch,
@@ -52,7 +52,7 @@ def test_a_spare_is_checked_once_when_it_joins(db):
     assert not Node.objects.filter(cluster=cluster, is_spare=False).exclude(
         preflight_passed_at=None).exists()
 
-    reconcile_cluster(cluster.id, later(now, 60))
+    reconcile_cluster_unlocked(cluster.id, later(now, 60))
     assert len(preflight_calls(cluster)) == 1  # still fresh: not checked again
 
 
@@ -60,7 +60,7 @@ def test_a_spare_whose_pass_grew_old_is_checked_again(db):
     cluster = memory_cluster(name="mem-old", size=2, spares=1, preflight_max_age_s=600)
     spare = Node.objects.get(cluster=cluster, is_spare=True)
     passed = spare.preflight_passed_at
-    reconcile_cluster(cluster.id, later(passed, 601))
+    reconcile_cluster_unlocked(cluster.id, later(passed, 601))
     spare.refresh_from_db()
     assert len(preflight_calls(cluster)) == 2
     assert spare.preflight_passed_at == later(passed, 601)
@@ -70,7 +70,7 @@ def test_one_spare_is_checked_per_pass(db):
     cluster = memory_cluster(name="mem-two", size=2, spares=2)
     spares = Node.objects.filter(cluster=cluster, is_spare=True)
     assert spares.exclude(preflight_passed_at=None).count() == 1
-    reconcile_cluster(cluster.id, timezone.now())
+    reconcile_cluster_unlocked(cluster.id, timezone.now())
     assert spares.exclude(preflight_passed_at=None).count() == 2
     assert len(preflight_calls(cluster)) == 2
 
@@ -78,7 +78,7 @@ def test_one_spare_is_checked_per_pass(db):
 def test_a_spare_that_fails_its_join_check_is_cordoned_never_promoted_and_replaced(db):
     cluster, bad_name = cluster_with_bad_spare()
     now = timezone.now()
-    reconcile_cluster(cluster.id, now)
+    reconcile_cluster_unlocked(cluster.id, now)
 
     bad = Node.objects.get(cluster=cluster, name=bad_name)
     assert bad.is_spare and bad.state == Node.State.CORDONED
@@ -94,7 +94,7 @@ def test_a_spare_that_fails_its_join_check_is_cordoned_never_promoted_and_replac
     assert cordoned.evidence == health.evidence
 
     # The next pass provisions a spare in its place and checks that one.
-    reconcile_cluster(cluster.id, later(now, 5))
+    reconcile_cluster_unlocked(cluster.id, later(now, 5))
     new = Node.objects.get(cluster=cluster, is_spare=True, state=Node.State.READY)
     assert new.name != bad_name and new.preflight_passed_at == later(now, 5)
     assert ("provision_node", new.name) in provider_of(cluster).fleet.calls
@@ -139,7 +139,7 @@ def test_a_spare_a_job_took_while_it_was_checked_fails_the_job_not_a_cordon(db):
     assert node.state == Node.State.READY
     event = NodeHealthEvent.objects.get(node=node)
     assert event.handled_at is None and event.severity == "critical"
-    reconcile_job(job.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 2))
     first = job.attempts.get(number=1)
     assert first.state == JobAttempt.State.FAILED and first.failure_class == "hardware"
     node.refresh_from_db()

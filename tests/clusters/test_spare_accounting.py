@@ -13,7 +13,7 @@ from django.db import connection
 from django.utils import timezone
 
 from clusters.models import Node
-from clusters.reconcile import reconcile_cluster
+from clusters.reconcile import reconcile_cluster_unlocked
 from clusters.reconcile.replacement import take_out
 from tests.fleet_helpers import memory_cluster
 
@@ -33,7 +33,7 @@ def test_a_node_taken_out_has_one_successor_and_the_pool_keeps_its_size(db):
     out = take_out(victim, "hardware: killed", {"signal": 9}, timezone.now(),
                    replace_reason="replaced after a hardware failure")
     for _ in range(3):
-        reconcile_cluster(cluster.id, timezone.now())
+        reconcile_cluster_unlocked(cluster.id, timezone.now())
 
     assert out.cordoned and out.spare is not None
     assert list(Node.objects.filter(replaces=victim)) == [out.spare]
@@ -48,7 +48,7 @@ def test_a_cordoned_node_back_in_service_rejoins_as_a_spare(db):
     pool = cluster.pools.get()
     node = Node.objects.filter(pool=pool, is_spare=False).order_by("name").first()
     node.cordon("maintenance")
-    reconcile_cluster(cluster.id, timezone.now())  # a spare fills the slot
+    reconcile_cluster_unlocked(cluster.id, timezone.now())  # a spare fills the slot
     assert working(pool) == SIZE
 
     node.uncordon("maintenance done")
@@ -74,7 +74,7 @@ def test_cluster_passes_racing_a_take_out_promote_one_spare(fleet_dirs):
     def cluster_passes():
         try:
             while not stop.is_set():
-                reconcile_cluster(cluster.id, timezone.now())
+                reconcile_cluster_unlocked(cluster.id, timezone.now())
         except Exception as exc:  # surfaced below
             errors.append(exc)
         finally:
@@ -99,7 +99,7 @@ def test_cluster_passes_racing_a_take_out_promote_one_spare(fleet_dirs):
     passes.join(timeout=60)
 
     assert errors == []
-    reconcile_cluster(cluster.id, timezone.now())
+    reconcile_cluster_unlocked(cluster.id, timezone.now())
     for victim in victims:
         assert Node.objects.filter(replaces=victim).count() == 1
     assert working(pool) == SIZE

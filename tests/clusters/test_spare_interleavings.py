@@ -17,10 +17,10 @@ from django.utils import timezone
 
 from clusters.models import Node
 from clusters.providers import pool_info
-from clusters.reconcile import reconcile_cluster
+from clusters.reconcile import reconcile_cluster_unlocked
 from jobs.admission import admit
 from jobs.models import TrainingJob
-from jobs.reconcile import reconcile_job
+from jobs.reconcile import reconcile_job_unlocked
 from tests.clusters.spare_invariants import PoolWatch
 from tests.fleet_helpers import (
     heartbeat,
@@ -71,14 +71,14 @@ class Fleet:
 
     # --- the operations ----------------------------------------------------
     def cluster_pass(self) -> str:
-        reconcile_cluster(self.cluster.id, self.now)
+        reconcile_cluster_unlocked(self.cluster.id, self.now)
         return "cluster pass"
 
     def job_pass(self) -> str:
         attempt = self._live_attempt()
         if attempt is not None and attempt.provider_ref:
             heartbeat(attempt, 1, self.now)  # a live gang reports: no hang from the clock
-        reconcile_job(self.job.id, self.now)
+        reconcile_job_unlocked(self.job.id, self.now)
         self.job.refresh_from_db()
         if self.job.is_terminal:
             self.job = self._submit()

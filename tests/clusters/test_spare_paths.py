@@ -7,8 +7,8 @@ from django.utils import timezone
 
 from clusters.models import Node
 from clusters.providers import pool_info
-from clusters.reconcile import reconcile_cluster
-from jobs.reconcile import reconcile_job
+from clusters.reconcile import reconcile_cluster_unlocked
+from jobs.reconcile import reconcile_job_unlocked
 from tests.clusters.spare_invariants import PoolWatch
 from tests.fleet_helpers import (
     heartbeat,
@@ -43,11 +43,11 @@ def test_a_node_reported_failed_before_its_job_claims_it_takes_one_spare(db):
     watch = PoolWatch(pool)
 
     lose_node(cluster, victim, first.provider_ref)
-    reconcile_cluster(cluster.id, later(now, 2))
+    reconcile_cluster_unlocked(cluster.id, later(now, 2))
     watch.check("the cluster pass")
-    reconcile_job(job.id, later(now, 3))
+    reconcile_job_unlocked(job.id, later(now, 3))
     watch.check("the job pass")
-    reconcile_cluster(cluster.id, later(now, 4))
+    reconcile_cluster_unlocked(cluster.id, later(now, 4))
     watch.check("the next cluster pass")
 
     victim.refresh_from_db()
@@ -72,9 +72,9 @@ def test_a_spot_notice_on_an_idle_spare_replaces_it_as_a_spare(db):
     provider_of(cluster).signal(pool_info(pool), spare.name, "spot_notice", severity="warning",
                                 evidence={"action": "terminate",
                                           "time": later(now, 120).timestamp()})
-    reconcile_cluster(cluster.id, now)
+    reconcile_cluster_unlocked(cluster.id, now)
     watch.check("the cluster pass")
-    reconcile_cluster(cluster.id, later(now, 1))
+    reconcile_cluster_unlocked(cluster.id, later(now, 1))
     watch.check("the next cluster pass")
 
     spare.refresh_from_db()
@@ -105,9 +105,9 @@ def test_one_failure_leaves_the_pool_one_spare_over_nothing(db):
     # tops the spares up before the job's pass claims the node and the
     # provider is asked to replace it.
     for step in range(2, 12):
-        reconcile_cluster(cluster.id, later(now, step))
+        reconcile_cluster_unlocked(cluster.id, later(now, step))
         watch.check(f"cluster pass {step}")
-        reconcile_job(job.id, later(now, step))
+        reconcile_job_unlocked(job.id, later(now, step))
         watch.check(f"job pass {step}")
 
     live = Node.objects.filter(pool=pool, state__in=("provisioning", "ready"))

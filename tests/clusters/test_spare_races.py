@@ -15,8 +15,8 @@ from django.utils import timezone
 
 from clusters.models import Node, NodeEvent
 from clusters.providers import pool_info
-from clusters.reconcile import reconcile_cluster
-from jobs.reconcile import reconcile_job
+from clusters.reconcile import reconcile_cluster_unlocked
+from jobs.reconcile import reconcile_job_unlocked
 from tests.clusters.spare_invariants import PROMOTED, WORKING, PoolWatch
 from tests.fleet_helpers import (
     heartbeat,
@@ -57,13 +57,13 @@ class Race:
         return self.job.attempts.filter(ended_at__isnull=True).order_by("-number").first()
 
     def cluster_pass(self):
-        reconcile_cluster(self.cluster.id, timezone.now())
+        reconcile_cluster_unlocked(self.cluster.id, timezone.now())
 
     def job_pass(self):
         attempt = self.live()
         if attempt is not None and attempt.provider_ref:
             heartbeat(attempt, 1, timezone.now())
-        reconcile_job(self.job.id, timezone.now())
+        reconcile_job_unlocked(self.job.id, timezone.now())
 
     def watch(self):
         working = Node.objects.filter(pool=self.pool, is_spare=False,

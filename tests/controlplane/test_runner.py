@@ -17,7 +17,7 @@ from controlplane.lib.errors import PermanentError, TemporaryError
 from controlplane.lib.runner import BACKOFF_BASE_S, PERMANENT_RECHECK_S
 from jobs.admission import admit
 from jobs.models import Phase
-from jobs.reconcile import reconcile_job, reconcile_job_locked
+from jobs.reconcile import reconcile_job_locked, reconcile_job_unlocked
 from tests.fleet_helpers import memory_cluster, submit, team_with_quota
 from tests.support import memory_provider
 
@@ -29,7 +29,7 @@ def admitted_job(db):
     cluster = memory_cluster()
     job = submit(cluster, team_with_quota(cluster))
     now = timezone.now()
-    reconcile_job(job.id, now)
+    reconcile_job_unlocked(job.id, now)
     admit(cluster.id, now)
     return job
 

@@ -14,7 +14,7 @@ from django.db import connection
 
 from clusters.models import Cluster, NodePool
 from clusters.providers import get_provider
-from clusters.reconcile import reconcile_cluster
+from clusters.reconcile import reconcile_cluster_unlocked
 from jobs.models import JobAttempt, Quota, Team, TrainingJob
 
 TRAINER = {
@@ -66,7 +66,7 @@ class Fleet:
         )
         NodePool.objects.create(cluster=cluster, name="cpu", gpus_per_node=1, size=size,
                                 spare_count=spares)
-        reconcile_cluster(cluster.id)
+        reconcile_cluster_unlocked(cluster.id)
         return cluster
 
     def submit(self, cluster, name="train", nodes=2, team="vision", gpus=8, **trainer):

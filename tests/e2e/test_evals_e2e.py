@@ -6,7 +6,7 @@ run (on the pool's spare) and leaves training untouched."""
 import pytest
 
 from clusters.models import NodePool
-from clusters.reconcile import reconcile_cluster
+from clusters.reconcile import reconcile_cluster_unlocked
 from jobs import tasks
 from jobs.metrics.series import series
 from jobs.models import JobAttempt, Phase, Quota, Team, TrainingJob
@@ -30,7 +30,7 @@ def test_eval_runs_on_a_second_pool_chart_val_loss_while_training_runs_and_a_kil
         fleet):
     cluster = fleet.cluster(size=1, spares=0)  # pool "cpu": the training node
     NodePool.objects.create(cluster=cluster, name="eval", gpus_per_node=1, size=1, spare_count=1)
-    reconcile_cluster(cluster.id)
+    reconcile_cluster_unlocked(cluster.id)
     team = Team.objects.create(name="vision")
     Quota.objects.create(team=team, cluster=cluster, gpus=4)
     # Long enough to outlive the test (it is cancelled at the end); slowed so

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from checkpoints.models import ModelArtifact
 from jobs.models import NO_HEARTBEATS, JobAttempt, JobEvent, Phase, TrainingJob
-from jobs.reconcile import reconcile_job
+from jobs.reconcile import reconcile_job_unlocked
 from tests.fleet_helpers import (
     heartbeat,
     kinds,
@@ -117,7 +117,7 @@ def test_a_program_that_exits_0_without_a_checkpoint_succeeds(mem_cluster, visio
     attempt = job.attempts.get()
     provider_of(mem_cluster).finish(attempt.provider_ref)
 
-    reconcile_job(job.id, later(now, 5))
+    reconcile_job_unlocked(job.id, later(now, 5))
 
     job.refresh_from_db()
     assert job.phase == Phase.SUCCEEDED, kinds(job)
@@ -136,7 +136,7 @@ def test_a_program_that_promised_its_final_checkpoint_is_held_to_it(mem_cluster,
     heartbeat(attempt, 40, later(now, 2))
     provider_of(mem_cluster).finish(attempt.provider_ref)
 
-    reconcile_job(job.id, later(now, 5))
+    reconcile_job_unlocked(job.id, later(now, 5))
 
     job.refresh_from_db()
     assert job.phase == Phase.RESTARTING
@@ -152,7 +152,7 @@ def test_a_program_that_left_checkpoints_has_its_newest_exported(mem_cluster, vi
     write_checkpoint(job, 30, attempt, created_at=later(now, 3))
     provider_of(mem_cluster).finish(attempt.provider_ref)
 
-    reconcile_job(job.id, later(now, 5))
+    reconcile_job_unlocked(job.id, later(now, 5))
 
     job.refresh_from_db()
     assert job.phase == Phase.SUCCEEDED, kinds(job)
@@ -175,11 +175,11 @@ def test_the_launch_carries_the_programs_args_env_and_resume_point(mem_cluster, 
     assert request.env["REGATTA_CHECKPOINT_EVERY"] == str(job.effective_checkpoint_every)
 
     heartbeat(first, 12, later(now, 2))
-    reconcile_job(job.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 2))
     ckpt = write_checkpoint(job, 10, first, created_at=later(now, 3))
     lose_node(mem_cluster, nodes_of(first)[1], first.provider_ref)
     for t in (6, 7, 8, 30):
-        reconcile_job(job.id, later(now, t))
+        reconcile_job_unlocked(job.id, later(now, t))
 
     second = job.attempts.get(number=2)
     request = provider_of(mem_cluster).attempt(second.provider_ref).request
@@ -195,13 +195,13 @@ def test_a_program_that_sends_no_heartbeats_shows_running_and_is_not_a_hang(mem_
     launch(job, now)
     attempt = job.attempts.get()
 
-    reconcile_job(job.id, later(now, 5))
+    reconcile_job_unlocked(job.id, later(now, 5))
     job.refresh_from_db()
     assert job.phase == Phase.STARTING  # an SDK program may still be importing
 
     # Far past every heartbeat deadline: alive processes, never a report.
-    reconcile_job(job.id, later(now, 25))
-    reconcile_job(job.id, later(now, 900))
+    reconcile_job_unlocked(job.id, later(now, 25))
+    reconcile_job_unlocked(job.id, later(now, 900))
 
     job.refresh_from_db()
     attempt.refresh_from_db()
@@ -213,7 +213,7 @@ def test_a_program_that_sends_no_heartbeats_shows_running_and_is_not_a_hang(mem_
 
     # Its first heartbeat ends the note; from then on it is held to the deadlines.
     heartbeat(attempt, 3, later(now, 901))
-    reconcile_job(job.id, later(now, 901))
+    reconcile_job_unlocked(job.id, later(now, 901))
     job.refresh_from_db()
     assert not job.heartbeats_missing
     assert not [c for c in job.conditions if c["type"] == NO_HEARTBEATS]
@@ -232,8 +232,8 @@ def test_an_export_that_fails_is_an_event_and_the_job_still_succeeds(mem_cluster
     write_checkpoint(job, 30, attempt, created_at=later(now, 3))
     provider_of(mem_cluster).finish(attempt.provider_ref)
 
-    reconcile_job(job.id, later(now, 5))
-    reconcile_job(job.id, later(now, 120))  # long after: no hang, no rerun
+    reconcile_job_unlocked(job.id, later(now, 5))
+    reconcile_job_unlocked(job.id, later(now, 120))  # long after: no hang, no rerun
 
     job.refresh_from_db()
     assert job.phase == Phase.SUCCEEDED, kinds(job)

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from jobs.admission import admit
 from jobs.models import JobEvent, Phase
-from jobs.reconcile import reconcile_job
+from jobs.reconcile import reconcile_job_unlocked
 from notifications.events import SUBSCRIBABLE, types_for
 from notifications.models import Delivery, Webhook
 from tests.fleet_helpers import (
@@ -69,8 +69,8 @@ def test_a_job_that_succeeds_is_sent_once_to_each_subscribed_webhook_of_its_team
     now = timezone.now()
     job, attempt = running_job(mem_cluster, vision, now, completion="exit")
     provider_of(mem_cluster).finish(attempt.provider_ref)
-    reconcile_job(job.id, later(now, 5))
-    reconcile_job(job.id, later(now, 6))  # a second pass sends nothing more
+    reconcile_job_unlocked(job.id, later(now, 5))
+    reconcile_job_unlocked(job.id, later(now, 6))  # a second pass sends nothing more
     job.refresh_from_db()
     assert job.phase == Phase.SUCCEEDED
     assert [sent(h) for h in mine] == [["job.succeeded"], ["job.succeeded"]]
@@ -93,7 +93,7 @@ def test_a_job_that_fails_is_sent_once_and_a_spent_budget_only_if_it_had_restart
     now = timezone.now()
     job, attempt = running_job(mem_cluster, vision, now)  # the code budget is 0
     code_error(mem_cluster, attempt)
-    reconcile_job(job.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 2))
     job.refresh_from_db()
     assert job.phase == Phase.FAILED
     assert sent(failed) == ["job.failed"] and sent(budget) == [] and sent(theirs) == []
@@ -106,16 +106,16 @@ def test_a_failure_that_spends_a_restart_budget_is_sent_as_budget_spent(mem_clus
     now = timezone.now()
     job, attempt = running_job(mem_cluster, vision, now, restart_budgets={"code": 1})
     code_error(mem_cluster, attempt)
-    reconcile_job(job.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 2))
     job.refresh_from_db()
     # Restarted at once (no backoff for a code error): nothing to tell yet.
     assert job.phase == Phase.STARTING and sent(everything) == []
     second = job.attempts.order_by("-number").first()
     assert second.number == 2
     heartbeat(second, 6, later(now, 4))
-    reconcile_job(job.id, later(now, 4))
+    reconcile_job_unlocked(job.id, later(now, 4))
     code_error(mem_cluster, second)
-    reconcile_job(job.id, later(now, 5))
+    reconcile_job_unlocked(job.id, later(now, 5))
     job.refresh_from_db()
     assert job.phase == Phase.FAILED
     assert sent(everything) == ["job.failed", "job.budget_spent"]
@@ -131,7 +131,7 @@ def test_a_killed_node_is_sent_as_node_replaced(mem_cluster, vision):
     # The node went with its ranks: without that, one rank's death is
     # relaunched in place (jobs/reconcile/rank_death.py) and nothing replaced.
     report_not_ready(mem_cluster, bad)
-    reconcile_job(job.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 2))
     assert sent(nodes) == ["node.replaced"]
     evidence = Delivery.objects.get(webhook=nodes).payload["data"]["event"]["evidence"]
     assert evidence["old"] == bad.name and evidence["new"]
@@ -145,7 +145,7 @@ def test_ranks_stopped_by_a_spot_notice_or_drain_are_sent_as_preempted(mem_clust
         provider_of(mem_cluster).exit_node(
             attempt.provider_ref, node.name, exit_code=83,
             ranks=({"rank": 2 * i, "exit_code": 83}, {"rank": 2 * i + 1, "exit_code": 83}))
-    reconcile_job(job.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 2))
     assert sent(preempted) == ["job.preempted"]
     text = Delivery.objects.get(webhook=preempted).payload["text"]
     assert text.startswith(f"[vision] Job <http://127.0.0.1:8000/jobs/{job.pk}/|train #{job.pk}>"
@@ -161,9 +161,9 @@ def test_a_gang_evicted_for_a_job_of_higher_priority_is_sent_as_preempted_once(d
     high = submit(cluster, team, name="high", nodes=2, priority=5)
     high.transition(Phase.QUEUED, reason="Queued", now=later(now, 5))
     admit(cluster.id, later(now, 6))  # asks the victim to checkpoint: nothing to tell
-    reconcile_job(low.id, later(now, 9))
+    reconcile_job_unlocked(low.id, later(now, 9))
     assert sent(preempted) == []
-    reconcile_job(low.id, later(now, 12))  # no checkpoint in time: stopped, requeued
+    reconcile_job_unlocked(low.id, later(now, 12))  # no checkpoint in time: stopped, requeued
     low.refresh_from_db()
     assert low.phase == Phase.QUEUED
     assert sent(preempted) == ["job.preempted"]

@@ -95,7 +95,7 @@ def test_concurrent_launches_never_place_a_node_twice(fleet_dirs):
     from django.db.models import Count
 
     from jobs.models import AttemptNode, JobAttempt
-    from jobs.reconcile import reconcile_job
+    from jobs.reconcile import reconcile_job_unlocked
 
     cluster = memory_cluster(size=16, spares=0, preflight=False)
     team = team_with_quota(cluster, gpus=1000, max_running_jobs=100)
@@ -111,7 +111,7 @@ def test_concurrent_launches_never_place_a_node_twice(fleet_dirs):
     def launch(job):
         try:
             start.wait(timeout=30)
-            reconcile_job(job.id, timezone.now())
+            reconcile_job_unlocked(job.id, timezone.now())
         except Exception as exc:  # surfaced below
             errors.append(exc)
         finally:

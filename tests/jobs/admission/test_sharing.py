@@ -8,7 +8,7 @@ from clusters.models import Node
 from jobs.admission import admit, quota_usage
 from jobs.admission.sharing import EVICTING, NOMINATED
 from jobs.models import GoodputEntry, JobAttempt, JobEvent, Phase, Quota
-from jobs.reconcile import reconcile_job
+from jobs.reconcile import reconcile_job_unlocked
 from tests.fleet_helpers import (
     heartbeat,
     later,
@@ -35,7 +35,7 @@ def running(cluster, team, now, step=10, **kw):
     launch(job, now)
     attempt = JobAttempt.objects.get(job=job)
     heartbeat(attempt, step, later(now, 1))
-    reconcile_job(job.id, later(now, 1))
+    reconcile_job_unlocked(job.id, later(now, 1))
     job.refresh_from_db()
     assert job.phase == Phase.RUNNING, job.pending_reason
     return job
@@ -133,7 +133,7 @@ def test_a_lender_reclaims_its_gpus_after_the_borrowers_checkpoint(cluster):
     assert attempt.stop_requested_at is not None and attempt.checkpoint_request_id
     # The borrower checkpoints at step 14 and exits; its reconcile requeues it.
     exit_after_checkpoint(borrower, 14, later(now, 8))
-    reconcile_job(borrower.id, later(now, 9))
+    reconcile_job_unlocked(borrower.id, later(now, 9))
     reload(borrower)
     assert borrower.phase == Phase.QUEUED
     assert (borrower.borrowed_gpus, borrower.borrowed_from) == (0, {})
@@ -163,10 +163,10 @@ def test_a_high_priority_job_preempts_a_lower_one_which_resumes_from_its_checkpo
     assert JobEvent.objects.filter(job=low, kind="PreemptionRequested").count() == 1
     assert JobEvent.objects.filter(job=high, kind="MakingRoom").count() == 1
     # Still waiting for the checkpoint: the victim keeps its nodes.
-    reconcile_job(low.id, later(now, 8))
+    reconcile_job_unlocked(low.id, later(now, 8))
     assert reload(low)[0].phase == Phase.RUNNING
     exit_after_checkpoint(low, 12, later(now, 9))
-    reconcile_job(low.id, later(now, 10))
+    reconcile_job_unlocked(low.id, later(now, 10))
     reload(low)
     assert low.phase == Phase.QUEUED and low.preempted_at is not None
     preempted = JobEvent.objects.get(job=low, kind="Preempted")
@@ -176,9 +176,9 @@ def test_a_high_priority_job_preempts_a_lower_one_which_resumes_from_its_checkpo
     # The high job is cancelled; the victim, first in its team, comes back
     # and resumes from the checkpoint it saved: no step lost.
     high.request_cancel("owner", now=later(now, 12))
-    reconcile_job(high.id, later(now, 12))
+    reconcile_job_unlocked(high.id, later(now, 12))
     assert admit(cluster.id, later(now, 13)).admitted == [low.id]
-    reconcile_job(low.id, later(now, 13))
+    reconcile_job_unlocked(low.id, later(now, 13))
     attempt = live_attempt(low)
     assert attempt.number == 2 and attempt.resume_step == 12
     resumed = JobEvent.objects.get(job=low, kind="ResumedFromCheckpoint")
@@ -192,9 +192,9 @@ def test_a_victim_that_cannot_checkpoint_in_time_is_stopped_and_its_work_booked(
     low = running(cluster, team, now, name="low", nodes=4)
     high = queued(cluster, team, later(now, 5), name="high", nodes=2, priority=5)
     admit(cluster.id, later(now, 6))
-    reconcile_job(low.id, later(now, 9))
+    reconcile_job_unlocked(low.id, later(now, 9))
     assert reload(low)[0].phase == Phase.RUNNING
-    reconcile_job(low.id, later(now, 12))
+    reconcile_job_unlocked(low.id, later(now, 12))
     reload(low)
     assert low.phase == Phase.QUEUED
     event = JobEvent.objects.get(job=low, kind="Preempted")
@@ -283,7 +283,7 @@ def test_a_nomination_whose_victims_are_gone_is_dropped(cluster):
     assert any(c["type"] == NOMINATED for c in reload(high)[0].conditions)
     # The victim is cancelled instead, and two nodes break meanwhile.
     low.request_cancel("owner", now=later(now, 7))
-    reconcile_job(low.id, later(now, 7))
+    reconcile_job_unlocked(low.id, later(now, 7))
     for node in Node.objects.filter(cluster=cluster).order_by("name")[:2]:
         node.cordon("broken")
     admit(cluster.id, later(now, 10))

@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from clusters.models import Node
 from jobs.checkpointing import interval as ci
-from jobs.reconcile import reconcile_job
+from jobs.reconcile import reconcile_job_unlocked
 from tests.fleet_helpers import (
     heartbeat,
     later,
@@ -47,7 +47,7 @@ def test_the_job_gets_an_interval_in_steps_from_its_measurements(db):
     Node.objects.filter(cluster=cluster).update(ready_seconds=36000.0, failure_count=2)
     write_checkpoint(job, 10, attempt, blocking_s=2.0)
     heartbeat(attempt, 12, later(now, 1), step_time_s=0.5)
-    reconcile_job(job.id, later(now, 1))
+    reconcile_job_unlocked(job.id, later(now, 1))
     job.refresh_from_db()
     mtbf = (5 * 36000.0 + ci.PRIOR_NODE_MTBF_S) / 11 / 2
     inputs = job.checkpoint_interval_inputs

@@ -10,14 +10,14 @@ from django.utils import timezone
 
 from clusters.models import NodePool
 from clusters.providers import pool_info
-from clusters.reconcile import reconcile_cluster
+from clusters.reconcile import reconcile_cluster_unlocked
 from jobs import evals
 from jobs.admission import admit
 from jobs.admission.sharing import EVICTING
 from jobs.checkpointing import protected_steps
 from jobs.metrics.series import series
 from jobs.models import EVAL_PRIORITY, JobAttempt, Phase, TrainingJob
-from jobs.reconcile import reconcile_job
+from jobs.reconcile import reconcile_job_unlocked
 from tests.api_factories import worker_client
 from tests.fleet_helpers import (
     heartbeat,
@@ -43,7 +43,7 @@ def cluster(db):
     spare = NodePool.objects.create(cluster=cluster, name="spare", gpus_per_node=1, size=1,
                                     spare_count=0)
     provider_of(cluster).add_nodes(pool_info(spare), 1)
-    reconcile_cluster(cluster.id, timezone.now())
+    reconcile_cluster_unlocked(cluster.id, timezone.now())
     return cluster
 
 
@@ -57,7 +57,7 @@ def running(job, now, step=10):
     launch(job, now)
     attempt = JobAttempt.objects.get(job=job)
     heartbeat(attempt, step, later(now, 1))
-    reconcile_job(job.id, later(now, 1))
+    reconcile_job_unlocked(job.id, later(now, 1))
     job.refresh_from_db()
     assert job.phase == Phase.RUNNING, job.pending_reason
     return attempt
@@ -134,8 +134,8 @@ class TestTheEvalBlock:
 def test_reconcile_run_twice_makes_one_eval_run_per_picked_checkpoint(cluster, vision):
     now = timezone.now()
     job, _ = parent_with_checkpoints(cluster, vision, now)
-    reconcile_job(job.id, later(now, 2))
-    reconcile_job(job.id, later(now, 3))
+    reconcile_job_unlocked(job.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 3))
     evals.schedule(job, later(now, 3))
     runs = list(TrainingJob.objects.filter(parent=job).order_by("eval_step"))
     # Every 2nd checkpoint: the 2nd (step 10) and the 4th (step 20).
@@ -156,14 +156,14 @@ def test_every_checkpoint_leaves_out_emergency_saves(cluster, vision):
                                            policy={**POLICY, "every_n_checkpoints": None,
                                                    "every_checkpoint": True})
     write_checkpoint(job, 7, attempt, emergency=True)
-    reconcile_job(job.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 2))
     assert list(job.evals.values_list("eval_step", flat=True)) == [5]
 
 
 def test_retention_keeps_a_checkpoint_a_live_eval_run_has_yet_to_read(cluster, vision):
     now = timezone.now()
     job, _ = parent_with_checkpoints(cluster, vision, now)
-    reconcile_job(job.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 2))
     assert {10, 20} <= protected_steps(job)
     TrainingJob.objects.filter(parent=job, eval_step=10).update(phase=Phase.SUCCEEDED)
     assert 10 not in protected_steps(job)
@@ -178,13 +178,13 @@ def eval_run(job, step):
 def test_an_eval_run_is_admitted_after_any_training_job_of_its_team(cluster, vision):
     now = timezone.now()
     job, _ = parent_with_checkpoints(cluster, vision, now, steps=(5, 10))
-    reconcile_job(job.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 2))
     run = eval_run(job, 10)
-    reconcile_job(run.id, later(now, 3))  # queued
+    reconcile_job_unlocked(run.id, later(now, 3))  # queued
     # Submitted after the eval run, at the lowest priority a person may give.
     low = submit(cluster, vision, name="low", nodes=1, gpus=1, priority=-1000,
                  pool=cluster.pools.get(name="spare"))
-    reconcile_job(low.id, later(now, 4))
+    reconcile_job_unlocked(low.id, later(now, 4))
     report = admit(cluster.id, later(now, 5))
     assert report.admitted == [low.id]
     run.refresh_from_db()
@@ -193,12 +193,12 @@ def test_an_eval_run_is_admitted_after_any_training_job_of_its_team(cluster, vis
 
 def running_eval(job, now, step=10):
     run = eval_run(job, step)
-    reconcile_job(run.id, now)
+    reconcile_job_unlocked(run.id, now)
     admit(run.cluster_id, now)
-    reconcile_job(run.id, now)
+    reconcile_job_unlocked(run.id, now)
     attempt = JobAttempt.objects.get(job=run)
     heartbeat(attempt, step, later(now, 1))
-    reconcile_job(run.id, later(now, 1))
+    reconcile_job_unlocked(run.id, later(now, 1))
     run.refresh_from_db()
     assert run.phase == Phase.RUNNING, run.pending_reason
     return run, attempt
@@ -208,7 +208,7 @@ def test_a_training_job_short_of_nodes_stops_an_eval_run_at_once_and_training_is
         cluster, vision):
     now = timezone.now()
     job, parent_attempt = parent_with_checkpoints(cluster, vision, now, steps=(5, 10))
-    reconcile_job(job.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 2))
     run, attempt = running_eval(job, later(now, 3))
     assert attempt.resume_step == 10
     assert attempt.provider_ref and provider_of(cluster).attempt(attempt.provider_ref)
@@ -216,13 +216,13 @@ def test_a_training_job_short_of_nodes_stops_an_eval_run_at_once_and_training_is
     speech = team_with_quota(cluster, name="speech", gpus=4)
     waiter = submit(cluster, speech, name="waiter", nodes=1, gpus=1,
                     pool=cluster.pools.get(name="spare"))
-    reconcile_job(waiter.id, later(now, 5))
+    reconcile_job_unlocked(waiter.id, later(now, 5))
     admit(cluster.id, later(now, 6))
     run.refresh_from_db()
     evicting = next(c for c in run.conditions if c["type"] == EVICTING)
     assert evicting["by"] == waiter.id and evicting["wait_s"] == 0.0
     # Nothing to checkpoint: its next pass stops it and sends it back.
-    reconcile_job(run.id, later(now, 6))
+    reconcile_job_unlocked(run.id, later(now, 6))
     run.refresh_from_db()
     assert run.phase == Phase.QUEUED and "Preempted" in kinds(run)
     assert JobAttempt.objects.get(job=run).state == "stopped"
@@ -246,9 +246,9 @@ def test_an_eval_run_preempts_nobody(cluster, vision):
                      pool=cluster.pools.get(name="spare"))
     running(blocker, now, step=3)
     job, _ = parent_with_checkpoints(cluster, vision, later(now, 2), steps=(5, 10))
-    reconcile_job(job.id, later(now, 4))
+    reconcile_job_unlocked(job.id, later(now, 4))
     run = eval_run(job, 10)
-    reconcile_job(run.id, later(now, 5))
+    reconcile_job_unlocked(run.id, later(now, 5))
     admit(cluster.id, later(now, 6))
     blocker.refresh_from_db()
     assert not any(c["type"] == EVICTING for c in blocker.conditions)
@@ -279,13 +279,13 @@ def test_a_finished_eval_run_puts_val_loss_on_the_parent_chart_at_its_step(
         cluster, vision, api, owner, outsider):
     now = timezone.now()
     job, _ = parent_with_checkpoints(cluster, vision, now, steps=(5, 10))
-    reconcile_job(job.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 2))
     run, attempt = running_eval(job, later(now, 3))
     report(attempt, 10, 1.5)
     provider = provider_of(cluster)
     for name in attempt.placements.values_list("node__name", flat=True):
         provider.exit_node(attempt.provider_ref, name, exit_code=0)
-    reconcile_job(run.id, later(now, 5))
+    reconcile_job_unlocked(run.id, later(now, 5))
     run.refresh_from_db()
     assert run.phase == Phase.SUCCEEDED
     assert run.eval_result["metrics"] == {"val_loss": 1.5, "val_perplexity": 2.0 ** 1.5}
@@ -314,7 +314,7 @@ def test_a_finished_eval_run_puts_val_loss_on_the_parent_chart_at_its_step(
 def test_cancelling_the_parent_cancels_its_eval_runs_not_yet_done(cluster, vision):
     now = timezone.now()
     job, _ = parent_with_checkpoints(cluster, vision, now, steps=(5, 10))
-    reconcile_job(job.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 2))
     job.request_cancel("user:olivia", now=later(now, 3))
-    reconcile_job(job.id, later(now, 3))
+    reconcile_job_unlocked(job.id, later(now, 3))
     assert eval_run(job, 10).phase == Phase.CANCELLED

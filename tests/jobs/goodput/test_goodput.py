@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from jobs import goodput
 from jobs.models import GoodputEntry
-from jobs.reconcile import reconcile_job
+from jobs.reconcile import reconcile_job_unlocked
 from tests.conftest import client_for
 from tests.fleet_helpers import (
     heartbeat,
@@ -39,13 +39,13 @@ def test_restart_latency_runs_from_the_failure_to_the_next_first_step(db):
     launch(job, now)
     first = job.attempts.get()
     heartbeat(first, 3, later(now, 1))
-    reconcile_job(job.id, later(now, 1))
+    reconcile_job_unlocked(job.id, later(now, 1))
     provider_of(cluster).exit_node(first.provider_ref, nodes_of(first)[0].name, signal=9)
-    reconcile_job(job.id, later(now, 10))  # failure detected and relaunched at +10 s
+    reconcile_job_unlocked(job.id, later(now, 10))  # failure detected and relaunched at +10 s
     second = job.attempts.get(number=2)
     heartbeat(second, 1, later(now, 16))
-    reconcile_job(job.id, later(now, 16))
-    reconcile_job(job.id, later(now, 17))
+    reconcile_job_unlocked(job.id, later(now, 16))
+    reconcile_job_unlocked(job.id, later(now, 17))
     restart = GoodputEntry.objects.get(job=job, key=f"restart-{second.id}")
     assert restart.seconds == pytest.approx(6.0)
     assert restart.gpu_seconds == pytest.approx(24.0)
@@ -65,13 +65,13 @@ def test_the_first_attempt_s_start_up_is_booked_as_restart_latency(db):
     launch(job, now)  # admitted and launched at `now`
     attempt = job.attempts.get()
     heartbeat(attempt, 1, later(now, 4))
-    reconcile_job(job.id, later(now, 4))
+    reconcile_job_unlocked(job.id, later(now, 4))
     startup = GoodputEntry.objects.get(job=job, category="restart")
     assert startup.key == f"startup-{attempt.id}"
     assert startup.seconds == pytest.approx(4.0)
     assert startup.gpu_seconds == pytest.approx(4.0 * job.world_size)
     assert "start-up" in startup.detail
-    reconcile_job(job.id, later(now, 8))
+    reconcile_job_unlocked(job.id, later(now, 8))
     summary = goodput.summarize(job.goodput.all())
     # 4 s of start-up against 4 s of training: the ratio is not overstated.
     assert summary["goodput_ratio"] == pytest.approx(0.5)
@@ -88,10 +88,10 @@ def test_a_running_job_shows_its_time_so_far_in_the_api_and_books_it_once(db,
     launch(job, now)
     attempt = job.attempts.get()
     heartbeat(attempt, 1, later(now, 1))
-    reconcile_job(job.id, later(now, 1))
+    reconcile_job_unlocked(job.id, later(now, 1))
     write_checkpoint(job, 5, attempt, blocking_s=0.5, created_at=later(now, 5))
     heartbeat(attempt, 9, later(now, 11))
-    reconcile_job(job.id, later(now, 11))
+    reconcile_job_unlocked(job.id, later(now, 11))
 
     data = client_for(user).get(f"/api/v1/jobs/{job.pk}/goodput/").data
     # 10 s since the first step, less the 0.5 s checkpoint stall.
@@ -105,7 +105,7 @@ def test_a_running_job_shows_its_time_so_far_in_the_api_and_books_it_once(db,
     write_checkpoint(job, 20, attempt, blocking_s=0.5, created_at=later(now, 19))
     heartbeat(attempt, 20, later(now, 19))
     provider_of(cluster).finish(attempt.provider_ref)
-    reconcile_job(job.id, later(now, 20))
+    reconcile_job_unlocked(job.id, later(now, 20))
     job.refresh_from_db()
     assert job.phase == "succeeded"
     # The running figures were replaced by the final ones, not added to them.
@@ -123,9 +123,9 @@ def test_a_pass_that_comes_after_the_attempt_ended_leaves_its_final_figures(db):
     launch(job, now)
     attempt = job.attempts.get()
     heartbeat(attempt, 2, later(now, 1))
-    reconcile_job(job.id, later(now, 1))
+    reconcile_job_unlocked(job.id, later(now, 1))
     provider_of(cluster).exit_node(attempt.provider_ref, nodes_of(attempt)[0].name, signal=9)
-    reconcile_job(job.id, later(now, 5))
+    reconcile_job_unlocked(job.id, later(now, 5))
     attempt.refresh_from_db()
     assert attempt.ended_at is not None
     # A late pass (a worker that read the attempt before it ended) changes nothing.

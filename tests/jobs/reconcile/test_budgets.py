@@ -9,11 +9,11 @@ from django.utils import timezone
 from checkpoints.export import export_final
 from checkpoints.models import Checkpoint, ModelArtifact
 from clusters.models import Node
-from clusters.reconcile import reconcile_cluster
+from clusters.reconcile import reconcile_cluster_unlocked
 from jobs.admission import admit
 from jobs.checkpointing import open_job_storage
 from jobs.models import JobEvent, Phase
-from jobs.reconcile import reconcile_job
+from jobs.reconcile import reconcile_job_unlocked
 from jobs.services import rerun_job
 from tests.fleet_helpers import (
     heartbeat,
@@ -49,7 +49,7 @@ def run_to(job, step, at):
     """The newest attempt reports `step` and the job sees it running."""
     attempt = latest(job)
     heartbeat(attempt, step, at)
-    reconcile_job(job.id, at)
+    reconcile_job_unlocked(job.id, at)
     job.refresh_from_db()
     return attempt
 
@@ -67,8 +67,8 @@ def test_six_node_kills_with_spares_do_not_fail_the_job_and_are_charged_to_the_n
         assert job.phase == Phase.RUNNING
         bad = nodes_of(attempt)[0]
         lose_node(spares_cluster, bad, attempt.provider_ref)
-        reconcile_cluster(spares_cluster.id, later(t, 1))
-        reconcile_job(job.id, later(t, 2))
+        reconcile_cluster_unlocked(spares_cluster.id, later(t, 1))
+        reconcile_job_unlocked(job.id, later(t, 2))
         job.refresh_from_db()
         assert job.phase != Phase.FAILED, job.last_error
         killed.append(bad)
@@ -101,7 +101,7 @@ def test_a_job_that_keeps_failing_on_fresh_nodes_is_charged_from_the_third(spare
         assert bad.failure_count == 0  # fresh
         report_not_ready(spares_cluster, bad)
         provider_of(spares_cluster).exit_node(attempt.provider_ref, bad.name, signal=9)
-        reconcile_job(job.id, later(t, 2))
+        reconcile_job_unlocked(job.id, later(t, 2))
         job.refresh_from_db()
         charged.append(JobEvent.objects.filter(job=job, kind="Restarting")
                        .latest("id").evidence["charged_to_job"])
@@ -124,7 +124,7 @@ def test_a_kill_on_a_node_with_a_failure_history_breaks_the_fresh_streak(spares_
             Node.objects.filter(pk=bad.pk).update(failure_count=3)
         report_not_ready(spares_cluster, bad)
         provider_of(spares_cluster).exit_node(attempt.provider_ref, bad.name, signal=9)
-        reconcile_job(job.id, later(t, 2))
+        reconcile_job_unlocked(job.id, later(t, 2))
         job.refresh_from_db()
     assert job.budget_spent == {}
     assert job.restart_marks["fresh_nodes"]["count"] == 1
@@ -135,7 +135,7 @@ def _transient_failure(cluster, job, t):
     for node in nodes_of(attempt):
         provider_of(cluster).exit_node(attempt.provider_ref, node.name, exit_code=1,
                                        ranks=TRANSIENT_RANKS)
-    reconcile_job(job.id, t)
+    reconcile_job_unlocked(job.id, t)
     job.refresh_from_db()
 
 
@@ -158,7 +158,7 @@ def test_a_budget_resets_once_the_job_advanced_past_its_window(
     # After its backoff the job relaunches and makes progress.
     backoff = JobEvent.objects.get(job=job, kind="Restarting").evidence["backoff_s"]
     t = later(now, 2 + backoff + 0.5)
-    reconcile_job(job.id, t)
+    reconcile_job_unlocked(job.id, t)
     job.refresh_from_db()
     at = later(t, progress_s)
     run_to(job, 50 + progress_steps, at)
@@ -192,7 +192,7 @@ def test_a_failed_job_reruns_from_a_chosen_step_as_a_new_run(spares_cluster, dja
     job.refresh_from_db()
     assert (job.phase, job.generation, job.restart_counts) == (Phase.QUEUED, 2, {})
     admit(job.cluster_id, later(now, 3))
-    reconcile_job(job.id, later(now, 3))
+    reconcile_job_unlocked(job.id, later(now, 3))
     job.refresh_from_db()
     assert job.phase == Phase.STARTING
     second = latest(job)
@@ -216,8 +216,8 @@ def test_a_forgiven_fault_with_no_node_to_be_had_waits_in_the_queue(db):
     attempt = run_to(job, 5, later(now, 1))
     bad = nodes_of(attempt)[0]
     lose_node(cluster, bad, attempt.provider_ref)
-    reconcile_cluster(cluster.id, later(now, 2))
-    reconcile_job(job.id, later(now, 3))
+    reconcile_cluster_unlocked(cluster.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 3))
     job.refresh_from_db()
     assert job.phase == Phase.QUEUED, job.last_error
     assert job.pending_reason
@@ -225,9 +225,9 @@ def test_a_forgiven_fault_with_no_node_to_be_had_waits_in_the_queue(db):
     assert JobEvent.objects.filter(job=job, kind="Requeued").exists()
     # The provider's replacement arrives: the job is admitted and resumes.
     for s in (4, 5, 6):
-        reconcile_cluster(cluster.id, later(now, s))
+        reconcile_cluster_unlocked(cluster.id, later(now, s))
     admit(cluster.id, later(now, 7))
-    reconcile_job(job.id, later(now, 7))
+    reconcile_job_unlocked(job.id, later(now, 7))
     job.refresh_from_db()
     assert job.phase == Phase.STARTING, job.pending_reason
     assert latest(job).number == 2
@@ -264,7 +264,7 @@ def test_ranks_exiting_83_with_no_notice_are_forgiven_but_not_forever(spares_clu
             provider_of(spares_cluster).exit_node(
                 attempt.provider_ref, node.name, exit_code=83,
                 ranks=({"rank": 2 * i, "exit_code": 83}, {"rank": 2 * i + 1, "exit_code": 83}))
-        reconcile_job(job.id, later(t, 2))
+        reconcile_job_unlocked(job.id, later(t, 2))
         job.refresh_from_db()
         if n < 2:
             assert job.phase != Phase.FAILED, job.last_error
@@ -292,7 +292,7 @@ def test_stops_of_the_control_plane_are_never_charged_to_the_job(spares_cluster)
             provider_of(spares_cluster).exit_node(
                 attempt.provider_ref, node.name, exit_code=83,
                 ranks=({"rank": 2 * i, "exit_code": 83}, {"rank": 2 * i + 1, "exit_code": 83}))
-        reconcile_job(job.id, later(t, 2))
+        reconcile_job_unlocked(job.id, later(t, 2))
         job.refresh_from_db()
         assert job.phase != Phase.FAILED, job.last_error
     assert job.restart_counts == {"preempted": 4} and job.budget_spent == {}

@@ -7,9 +7,9 @@ from django.utils import timezone
 
 from checkpoints.models import Checkpoint
 from clusters.models import Node, NodeHealthEvent
-from clusters.reconcile import reconcile_cluster
+from clusters.reconcile import reconcile_cluster_unlocked
 from jobs.models import GoodputEntry, JobAttempt, JobEvent, Phase
-from jobs.reconcile import reconcile_job
+from jobs.reconcile import reconcile_job_unlocked
 from tests.api_factories import worker_client
 from tests.fleet_helpers import (
     heartbeat,
@@ -52,7 +52,7 @@ def test_it_replaces_a_node_whose_ranks_were_killed_and_resumes_from_the_checkpo
     provider.exit_node(attempt.provider_ref, good.name, exit_code=1,
                        ranks=({"rank": 2, "exit_code": 84, "failure_class": "transient"},
                               {"rank": 3, "exit_code": 84, "failure_class": "transient"}))
-    reconcile_job(job.id, later(now, 10))
+    reconcile_job_unlocked(job.id, later(now, 10))
     job.refresh_from_db()
     attempt.refresh_from_db()
     bad.refresh_from_db()
@@ -71,7 +71,7 @@ def test_it_replaces_a_node_whose_ranks_were_killed_and_resumes_from_the_checkpo
     # The job's pass only claimed the replacement; the cluster's asks the
     # provider, which brings a new spare up in the retired node's place.
     assert ("replace", bad.name) not in provider.fleet.calls
-    reconcile_cluster(mem_cluster.id, later(now, 10))
+    reconcile_cluster_unlocked(mem_cluster.id, later(now, 10))
     assert ("replace", bad.name) in provider.fleet.calls
     assert Node.objects.filter(cluster=mem_cluster, is_spare=True, state="ready").count() == 1
     assert job.phase == Phase.STARTING  # relaunched in the same pass
@@ -102,13 +102,13 @@ def test_a_killed_node_shows_failure_cordon_replacement_and_resume_on_the_timeli
     heartbeat(attempt, 7, later(now, 4))
     bad, good = nodes_of(attempt)
     lose_node(mem_cluster, bad, attempt.provider_ref)
-    reconcile_cluster(mem_cluster.id, later(now, 5))
+    reconcile_cluster_unlocked(mem_cluster.id, later(now, 5))
     bad.refresh_from_db()
     assert bad.state == Node.State.FAILED
     lost = NodeHealthEvent.objects.get(node=bad, kind="lost")
     assert lost.handled_at is None  # a job runs there: the job acts on it
 
-    reconcile_job(job.id, later(now, 6))
+    reconcile_job_unlocked(job.id, later(now, 6))
     job.refresh_from_db()
     order = kinds(job)
     first = order.index("NodeFailed")
@@ -140,8 +140,8 @@ def test_a_lost_event_the_job_sees_before_its_exits_is_handled_by_the_recovery(m
     job, attempt = running_job(mem_cluster, team, now)
     bad = nodes_of(attempt)[0]
     lose_node(mem_cluster, bad)  # the ranks on it are not seen dead yet
-    reconcile_cluster(mem_cluster.id, later(now, 2))
-    reconcile_job(job.id, later(now, 3))
+    reconcile_cluster_unlocked(mem_cluster.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 3))
     job.refresh_from_db()
     assert job.restart_counts == {"hardware": 1}
     assert NodeHealthEvent.objects.get(node=bad, kind="lost").handled_at is not None
@@ -158,7 +158,7 @@ def test_a_node_already_out_of_service_says_why_on_the_timeline(mem_cluster, tea
     bad = nodes_of(attempt)[0]
     bad.cordon("cordoned by opal: flaky fan", actor="user:opal", now=later(now, 2))
     provider_of(mem_cluster).exit_node(attempt.provider_ref, bad.name, signal=9)
-    reconcile_job(job.id, later(now, 3))
+    reconcile_job_unlocked(job.id, later(now, 3))
     order = kinds(job)
     assert order[order.index("NodeFailed"):order.index("NodeFailed") + 4] == [
         "NodeFailed", "NodeOutOfService", "NodeReplaced", "Restarting"]
@@ -177,7 +177,7 @@ def test_a_code_error_fails_fast_without_spending_the_hardware_budget(mem_cluste
         attempt.provider_ref, node.name, exit_code=1,
         ranks=({"rank": 0, "exit_code": 1, "failure_class": "code",
                 "error": "ValueError: fail_at_step=3"},))
-    reconcile_job(job.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 2))
     job.refresh_from_db()
     node.refresh_from_db()
     assert job.phase == Phase.FAILED
@@ -195,13 +195,13 @@ def test_a_transient_failure_retries_with_backoff_on_the_same_nodes(mem_cluster,
     for node in first_nodes:
         provider.exit_node(attempt.provider_ref, node, exit_code=1,
                            ranks=({"rank": 0, "exit_code": 84}, {"rank": 1, "exit_code": 84}))
-    reconcile_job(job.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 2))
     job.refresh_from_db()
     assert job.phase == Phase.RESTARTING
     assert job.restart_counts == {"transient": 1}
-    reconcile_job(job.id, later(now, 3))  # inside the 2 s backoff
+    reconcile_job_unlocked(job.id, later(now, 3))  # inside the 2 s backoff
     assert job.attempts.count() == 1
-    reconcile_job(job.id, later(now, 4.5))
+    reconcile_job_unlocked(job.id, later(now, 4.5))
     job.refresh_from_db()
     assert job.phase == Phase.STARTING
     assert {n.name for n in nodes_of(job.attempts.get(number=2))} == first_nodes
@@ -215,11 +215,11 @@ def test_a_transient_exit_waits_for_the_root_cause_before_it_is_classified(mem_c
     provider = provider_of(mem_cluster)
     provider.exit_node(attempt.provider_ref, good.name, exit_code=1,
                        ranks=({"rank": 2, "exit_code": 84}, {"rank": 3, "exit_code": 84}))
-    reconcile_job(job.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 2))
     job.refresh_from_db()
     assert job.phase == Phase.RUNNING  # the killed node's launcher has not reported yet
     provider.exit_node(attempt.provider_ref, bad.name, signal=9)
-    reconcile_job(job.id, later(now, 3))
+    reconcile_job_unlocked(job.id, later(now, 3))
     job.refresh_from_db()
     # The killed rank is the root cause; its node is healthy: in place.
     assert job.restart_counts == {"process": 1}
@@ -235,7 +235,7 @@ def test_a_rank_without_an_exit_record_beside_its_peers_84_was_killed(mem_cluste
                        ranks=({"rank": 0, "exit_code": 84},))
     provider.exit_node(attempt.provider_ref, good.name, exit_code=1,
                        ranks=({"rank": 2, "exit_code": 84}, {"rank": 3, "exit_code": 84}))
-    reconcile_job(job.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 2))
     job.refresh_from_db()
     bad.refresh_from_db()
     good.refresh_from_db()
@@ -258,7 +258,7 @@ def test_a_spent_budget_fails_the_job_and_says_which_budget(mem_cluster, team):
         bad = nodes_of(attempt)[0]
         report_not_ready(mem_cluster, bad)
         provider_of(mem_cluster).exit_node(attempt.provider_ref, bad.name, signal=9)
-        reconcile_job(job.id, later(now, 3 + 2 * n))
+        reconcile_job_unlocked(job.id, later(now, 3 + 2 * n))
         job.refresh_from_db()
     assert job.phase == Phase.FAILED
     assert job.last_error.startswith("hardware failure with the 'hardware' restart budget spent")
@@ -276,10 +276,10 @@ def test_a_hung_rank_is_found_by_its_missed_heartbeats(mem_cluster, team):
     bad, good = nodes_of(attempt)
     heartbeat(attempt, 8, later(now, 5), ranks=[0, 1])  # ranks 0-1 live on `bad`
     heartbeat(attempt, 8, later(now, 20), ranks=[2, 3])
-    reconcile_job(job.id, later(now, 12))
+    reconcile_job_unlocked(job.id, later(now, 12))
     job.refresh_from_db()
     assert job.phase == Phase.RUNNING  # 7 s silent: within the 10 s deadline
-    reconcile_job(job.id, later(now, 20))
+    reconcile_job_unlocked(job.id, later(now, 20))
     job.refresh_from_db()
     attempt.refresh_from_db()
     assert attempt.failure_class == "hang"
@@ -300,7 +300,7 @@ def test_a_critical_health_event_on_a_node_replaces_it(mem_cluster, team):
     bad = nodes_of(attempt)[1]
     event = NodeHealthEvent.objects.create(node=bad, kind="xid", severity="critical",
                                            message="XID 79: GPU fell off the bus")
-    reconcile_job(job.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 2))
     job.refresh_from_db()
     event.refresh_from_db()
     assert event.handled_at is not None
@@ -316,16 +316,16 @@ def test_a_spot_notice_takes_an_emergency_checkpoint_before_the_drain(mem_cluste
     spot = nodes_of(attempt)[0]
     NodeHealthEvent.objects.create(node=spot, kind="spot_notice", severity="critical",
                                    message="interruption in 120 s")
-    reconcile_job(job.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 2))
     attempt.refresh_from_db()
     request_id = attempt.checkpoint_request_id
     assert request_id and attempt.directives()["checkpoint_request"] == request_id
     assert ("drain", spot.name) not in provider_of(mem_cluster).fleet.calls
-    reconcile_job(job.id, later(now, 3))  # no checkpoint yet: keep waiting
+    reconcile_job_unlocked(job.id, later(now, 3))  # no checkpoint yet: keep waiting
     assert job.attempts.count() == 1
     write_checkpoint(job, 7, attempt, request_id=request_id, emergency=True,
                      created_at=later(now, 4))
-    reconcile_job(job.id, later(now, 5))
+    reconcile_job_unlocked(job.id, later(now, 5))
     job.refresh_from_db()
     spot.refresh_from_db()
     assert ("drain", spot.name) in provider_of(mem_cluster).fleet.calls
@@ -344,9 +344,9 @@ def test_a_spot_notice_without_a_checkpoint_in_time_resumes_from_the_newest(mem_
     spot = nodes_of(attempt)[0]
     NodeHealthEvent.objects.create(node=spot, kind="spot_notice", severity="critical",
                                    message="interruption")
-    reconcile_job(job.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 2))
     heartbeat(attempt, 6, later(now, 39))
-    reconcile_job(job.id, later(now, 40))
+    reconcile_job_unlocked(job.id, later(now, 40))
     job.refresh_from_db()
     assert "EmergencyCheckpointMissed" in kinds(job)
     assert job.attempts.get(number=2).resume_step == 4
@@ -362,15 +362,15 @@ def test_the_emergency_checkpoint_wait_ends_before_the_notice_s_own_deadline(mem
     NodeHealthEvent.objects.create(
         node=spot, kind="spot_notice", severity="critical", message="terminate in 20 s",
         evidence={"action": "terminate", "time": later(now, 22).timestamp()})
-    reconcile_job(job.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 2))
     asked = JobEvent.objects.get(job=job, kind="EmergencyCheckpointRequested")
     assert asked.evidence["wait_s"] == pytest.approx(10.0)
     assert asked.evidence["deadline"] == pytest.approx(later(now, 22).timestamp())
     heartbeat(attempt, 6, later(now, 11))
-    reconcile_job(job.id, later(now, 11))
+    reconcile_job_unlocked(job.id, later(now, 11))
     assert job.attempts.count() == 1  # still inside the 10 s
     heartbeat(attempt, 7, later(now, 12))
-    reconcile_job(job.id, later(now, 12.5))
+    reconcile_job_unlocked(job.id, later(now, 12.5))
     job.refresh_from_db()
     missed = JobEvent.objects.get(job=job, kind="EmergencyCheckpointMissed")
     assert missed.evidence["wait_s"] == pytest.approx(10.0)
@@ -388,11 +388,11 @@ def test_an_ec2_warning_s_deadline_is_two_minutes_after_it_was_sent(mem_cluster,
         node=spot, kind="spot_notice", severity="critical", message="EC2 warning",
         evidence={"detail_type": "EC2 Spot Instance Interruption Warning",
                   "time": sent.isoformat().replace("+00:00", "Z")})
-    reconcile_job(job.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 2))
     asked = JobEvent.objects.get(job=job, kind="EmergencyCheckpointRequested")
     assert asked.evidence["deadline"] == pytest.approx(later(now, 5).timestamp())
     assert asked.evidence["wait_s"] == 0.0  # past deadline − margin: drain at once
-    reconcile_job(job.id, later(now, 2.1))
+    reconcile_job_unlocked(job.id, later(now, 2.1))
     job.refresh_from_db()
     assert job.restart_counts == {"preempted": 1}
 
@@ -405,7 +405,7 @@ def test_a_corrupt_checkpoint_is_skipped_for_the_previous_good_one(mem_cluster, 
     shard = next(Path(newest.uri.removeprefix("file://")).glob("*.distcp"))
     shard.write_bytes(b"garbage")
     provider_of(mem_cluster).exit_node(attempt.provider_ref, nodes_of(attempt)[0].name, signal=9)
-    reconcile_job(job.id, later(now, 3))
+    reconcile_job_unlocked(job.id, later(now, 3))
     newest.refresh_from_db()
     assert newest.state == Checkpoint.State.CORRUPT
     assert job.attempts.get(number=2).resume_step == 5
@@ -418,7 +418,7 @@ def test_a_person_s_restart_from_step_is_honoured_once(mem_cluster, team):
     write_checkpoint(job, 4, attempt, created_at=later(now, 1))
     write_checkpoint(job, 8, attempt, created_at=later(now, 2))
     job.request_restart(4, "olivia", now=later(now, 3))
-    reconcile_job(job.id, later(now, 3))
+    reconcile_job_unlocked(job.id, later(now, 3))
     job.refresh_from_db()
     second = job.attempts.get(number=2)
     assert second.resume_step == 4
@@ -426,7 +426,7 @@ def test_a_person_s_restart_from_step_is_honoured_once(mem_cluster, team):
     assert honoured["generation"] == job.generation and honoured["step"] == 4
     assert job.restart_counts == {}  # a person's restart spends no budget
     provider_of(mem_cluster).exit_node(second.provider_ref, nodes_of(second)[0].name, signal=9)
-    reconcile_job(job.id, later(now, 5))
+    reconcile_job_unlocked(job.id, later(now, 5))
     # Step 8 is on the branch the restart left: the next failure does not
     # fall forward onto it.
     assert job.attempts.get(number=3).resume_step == 4
@@ -441,7 +441,7 @@ def test_the_old_gangs_late_checkpoint_past_a_restart_point_is_abandoned_never_o
     token = attempt.issue_token()
     write_checkpoint(job, 4, attempt, created_at=later(now, 1))
     job.request_restart(4, "olivia", now=later(now, 2))
-    reconcile_job(job.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 2))
     # The old gang's emergency checkpoint of its stop arrives after the relaunch.
     late = write_checkpoint(job, 9, None, created_at=later(now, 3))
     Checkpoint.objects.filter(pk=late.pk).delete()  # only its files and the report now
@@ -453,7 +453,7 @@ def test_the_old_gangs_late_checkpoint_past_a_restart_point_is_abandoned_never_o
     assert Checkpoint.objects.get(job=job, step=9).state == Checkpoint.State.ABANDONED
     second = job.attempts.get(number=2)
     provider_of(mem_cluster).exit_node(second.provider_ref, nodes_of(second)[0].name, signal=9)
-    reconcile_job(job.id, later(now, 5))
+    reconcile_job_unlocked(job.id, later(now, 5))
     assert job.attempts.get(number=3).resume_step == 4
     refused = api(admin_user_).post(f"/api/v1/jobs/{job.pk}/restart/", {"from_step": 9},
                                     format="json")
@@ -470,7 +470,7 @@ def test_ranks_that_exit_83_after_an_emergency_checkpoint_are_preempted_not_fail
         provider.exit_node(attempt.provider_ref, node.name, exit_code=83,
                            ranks=({"rank": 2 * i, "exit_code": 83},
                                   {"rank": 2 * i + 1, "exit_code": 83}))
-    reconcile_job(job.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 2))
     job.refresh_from_db()
     assert job.restart_counts == {"preempted": 1}
     assert job.events.filter(kind="NodePreempted").count() == 2

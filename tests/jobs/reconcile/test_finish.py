@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from checkpoints.models import Checkpoint, ModelArtifact
 from jobs.models import JobAttempt, JobEvent, Phase
-from jobs.reconcile import reconcile_job
+from jobs.reconcile import reconcile_job_unlocked
 from tests.fleet_helpers import (
     heartbeat,
     kinds,
@@ -42,7 +42,7 @@ def ran_to_the_end(mem_cluster, job, now, final=True):
     launch(job, now)
     attempt = job.attempts.get()
     heartbeat(attempt, 1, later(now, 1))
-    reconcile_job(job.id, later(now, 1))
+    reconcile_job_unlocked(job.id, later(now, 1))
     write_checkpoint(job, 10, attempt, created_at=later(now, 5))
     if final:
         write_checkpoint(job, 20, attempt, created_at=later(now, 9))
@@ -55,7 +55,7 @@ def test_ranks_that_exit_0_without_the_final_checkpoint_do_not_succeed(mem_clust
     job = submit(mem_cluster, team)
     now = timezone.now()
     attempt = ran_to_the_end(mem_cluster, job, now, final=False)
-    reconcile_job(job.id, later(now, 10))
+    reconcile_job_unlocked(job.id, later(now, 10))
     job.refresh_from_db()
     attempt.refresh_from_db()
     assert job.phase == Phase.RESTARTING
@@ -71,16 +71,16 @@ def test_ranks_that_exit_0_without_the_final_checkpoint_do_not_succeed(mem_clust
     assert "Succeeded" not in kinds(job)
 
     # After the backoff, the job redoes steps 11-20 from step 10, then succeeds.
-    reconcile_job(job.id, later(now, 13))
+    reconcile_job_unlocked(job.id, later(now, 13))
     second = job.attempts.get(number=2)
     assert second.resume_step == 10
     heartbeat(second, 11, later(now, 14))
-    reconcile_job(job.id, later(now, 14))
+    reconcile_job_unlocked(job.id, later(now, 14))
     write_checkpoint(job, 20, second, created_at=later(now, 18),
                      weight=torch.full((2, 2), 42.0))
     heartbeat(second, 20, later(now, 18))
     provider_of(mem_cluster).finish(second.provider_ref)
-    reconcile_job(job.id, later(now, 19))
+    reconcile_job_unlocked(job.id, later(now, 19))
     job.refresh_from_db()
     assert job.phase == Phase.SUCCEEDED and job.current_step == 20
     artifact = ModelArtifact.objects.get(job=job)
@@ -97,7 +97,7 @@ def test_a_corrupt_final_checkpoint_is_never_exported_in_place_of_the_final_mode
     final = Checkpoint.objects.get(job=job, step=20)
     shard = next(Path(final.uri.removeprefix("file://")).glob("*.distcp"))
     shard.write_bytes(b"garbage")
-    reconcile_job(job.id, later(now, 10))
+    reconcile_job_unlocked(job.id, later(now, 10))
     job.refresh_from_db()
     final.refresh_from_db()
     assert final.state == Checkpoint.State.CORRUPT
@@ -110,7 +110,7 @@ def test_a_corrupt_final_checkpoint_is_never_exported_in_place_of_the_final_mode
     assert missing.evidence["unusable"][0]["state"] == "corrupt"
     order = kinds(job)
     assert order.index("CheckpointCorrupt") < order.index("FinalCheckpointMissing")
-    reconcile_job(job.id, later(now, 13))
+    reconcile_job_unlocked(job.id, later(now, 13))
     assert job.attempts.get(number=2).resume_step == 10
 
 
@@ -120,7 +120,7 @@ def test_a_final_checkpoint_that_never_comes_fails_the_job_once_the_budget_is_sp
                                                  "preempted": 10, "hang": 3})
     now = timezone.now()
     ran_to_the_end(mem_cluster, job, now, final=False)
-    reconcile_job(job.id, later(now, 10))
+    reconcile_job_unlocked(job.id, later(now, 10))
     job.refresh_from_db()
     assert job.phase == Phase.FAILED
     assert "'transient' restart budget" in job.last_error
@@ -133,7 +133,7 @@ def test_it_succeeds_with_the_final_step_s_checkpoint_exported(mem_cluster, team
     job = submit(mem_cluster, team)
     now = timezone.now()
     ran_to_the_end(mem_cluster, job, now)
-    reconcile_job(job.id, later(now, 10))
+    reconcile_job_unlocked(job.id, later(now, 10))
     job.refresh_from_db()
     assert job.phase == Phase.SUCCEEDED
     assert ModelArtifact.objects.get(job=job).checkpoint.step == 20
@@ -148,7 +148,7 @@ def test_ranks_that_finished_long_before_the_pass_succeed_not_hang(mem_cluster, 
     job = submit(mem_cluster, team)
     now = timezone.now()
     ran_to_the_end(mem_cluster, job, now)  # last heartbeat at +9 s
-    reconcile_job(job.id, later(now, 9 + 120))  # deadline 30 s, long gone
+    reconcile_job_unlocked(job.id, later(now, 9 + 120))  # deadline 30 s, long gone
     job.refresh_from_db()
     assert job.phase == Phase.SUCCEEDED
     assert not job.events.filter(kind__in=["Restarting", "NodeFailed"]).exists()
@@ -177,14 +177,14 @@ def test_a_final_checkpoint_without_the_model_is_resumed_to_export_it_never_ship
     ran_to_the_end(mem_cluster, job, now)
     strip_export(job, 20)
 
-    reconcile_job(job.id, later(now, 10))
+    reconcile_job_unlocked(job.id, later(now, 10))
 
     job.refresh_from_db()
     assert job.phase in (Phase.RESTARTING, Phase.STARTING), kinds(job)
     assert not ModelArtifact.objects.filter(job=job).exists()
     missing = JobEvent.objects.get(job=job, kind="FinalModelMissing")
     assert missing.evidence["step"] == 20 and missing.evidence["emergency"] is True
-    reconcile_job(job.id, later(now, 13))
+    reconcile_job_unlocked(job.id, later(now, 13))
     second = job.attempts.get(number=2)
     assert second.resume_step == 20
     # The resumed trainer finishes at once and saves step 20 again (into a
@@ -194,7 +194,7 @@ def test_a_final_checkpoint_without_the_model_is_resumed_to_export_it_never_ship
     stale.delete()
     write_checkpoint(job, 20, second, created_at=later(now, 20))
     provider_of(mem_cluster).finish(second.provider_ref)
-    reconcile_job(job.id, later(now, 25))
+    reconcile_job_unlocked(job.id, later(now, 25))
 
     job.refresh_from_db()
     assert job.phase == Phase.SUCCEEDED, kinds(job)

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from clusters.models import Cluster, Node, NodeHealthEvent, NodePool
 from clusters.providers import get_provider, pool_info
-from clusters.reconcile import reconcile_cluster
+from clusters.reconcile import reconcile_cluster_unlocked
 from jobs.models import JobAttempt, Phase
 from tests.clusters.local_fleet import RANKS_SCRIPT, kill_everything
 from tests.fleet_helpers import kinds, launch, submit, team_with_quota
@@ -24,7 +24,7 @@ def lab_cluster(db, tmp_path):
                   "preflight_timeout_s": 90.0},
     )
     NodePool.objects.create(cluster=lab_cluster, name="cpu", gpus_per_node=1, size=2, spare_count=1)
-    reconcile_cluster(lab_cluster.id, timezone.now())
+    reconcile_cluster_unlocked(lab_cluster.id, timezone.now())
     try:
         yield lab_cluster
     finally:

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from clusters.models import Node
 from jobs.models import JobEvent, Phase
-from jobs.reconcile import reconcile_job
+from jobs.reconcile import reconcile_job_unlocked
 from tests.fleet_helpers import (
     heartbeat,
     kinds,
@@ -41,12 +41,12 @@ def launched(cluster, now, **kw):
 def kill_and_relaunch(cluster, job, attempt, now):
     """Rank exits of a node killed under a running attempt, then the job's pass."""
     heartbeat(attempt, 5, later(now, 1))
-    reconcile_job(job.id, later(now, 1))
+    reconcile_job_unlocked(job.id, later(now, 1))
     write_checkpoint(job, 4, attempt, created_at=later(now, 2))
     bad, good = nodes_of(attempt)
     report_not_ready(cluster, bad)
     provider_of(cluster).exit_node(attempt.provider_ref, bad.name, signal=9, log_tail="Killed")
-    reconcile_job(job.id, later(now, 10))
+    reconcile_job_unlocked(job.id, later(now, 10))
     job.refresh_from_db()
     return bad, good
 

@@ -11,7 +11,7 @@ from controlplane.lib import locks
 from controlplane.redis_client import get_redis
 from jobs.admission import admit
 from jobs.models import JobAttempt, Phase
-from jobs.reconcile import reconcile_job, reconcile_job_locked
+from jobs.reconcile import reconcile_job_locked, reconcile_job_unlocked
 from tests.fleet_helpers import kinds, memory_cluster, provider_of, submit, team_with_quota
 from tests.support.pauses import pause_at
 
@@ -103,5 +103,5 @@ def test_a_pass_that_lost_its_lock_stops_before_launching(db):
 def ready_to_launch(job) -> None:
     """Queued and admitted: the job's next pass launches it."""
     now = timezone.now()
-    reconcile_job(job.id, now)
+    reconcile_job_unlocked(job.id, now)
     admit(job.cluster_id, now)

@@ -8,10 +8,10 @@ from celery import current_app
 from django.utils import timezone
 
 from clusters.models import Node
-from clusters.reconcile import reconcile_cluster
+from clusters.reconcile import reconcile_cluster_unlocked
 from jobs.admission import admit
 from jobs.models import Phase, Quota
-from jobs.reconcile import reconcile_job
+from jobs.reconcile import reconcile_job_unlocked
 from tests.fleet_helpers import (
     heartbeat,
     later,
@@ -61,7 +61,7 @@ def test_a_queued_job_s_reconcile_reads_its_reason_and_admits_nothing(mem_cluste
     assert second.pending_reason == "needs 4 GPUs; team quota has 0 free; position 1 in queue"
     Quota.objects.filter(team=team).update(gpus=8)  # a change no pass has seen yet
 
-    result = reconcile_job(second.id, later(now, 3))
+    result = reconcile_job_unlocked(second.id, later(now, 3))
 
     assert phase(second) == Phase.QUEUED
     assert result.note == second.pending_reason and result.requeue_after == 10.0
@@ -75,7 +75,7 @@ def test_a_job_s_first_reconcile_queues_it_and_asks_for_a_pass_on_commit(
     team = team_with_quota(mem_cluster, gpus=8)
     job = submit(mem_cluster, team)
     with django_capture_on_commit_callbacks(execute=True):
-        reconcile_job(job.id, timezone.now())
+        reconcile_job_unlocked(job.id, timezone.now())
     # The pass admitted it, and the admitted job's own reconcile launched it.
     assert phase(job) == Phase.STARTING
     assert job.events.filter(kind="Admitted").exists()
@@ -87,7 +87,7 @@ def test_capacity_freed_by_a_finished_job_is_admitted_without_waiting_for_a_swee
     now = timezone.now()
     running = queued(mem_cluster, team, now, name="running", nodes=4)
     admit(mem_cluster.id, later(now, 1))
-    reconcile_job(running.id, later(now, 1))
+    reconcile_job_unlocked(running.id, later(now, 1))
     attempt = running.attempts.get()
     waiting = queued(mem_cluster, team, later(now, 1.5), name="waiting", nodes=2)
     admit(mem_cluster.id, later(now, 2))
@@ -96,10 +96,10 @@ def test_capacity_freed_by_a_finished_job_is_admitted_without_waiting_for_a_swee
         "needs 2 nodes; 0 healthy nodes free in pool gpu; position 1 in queue")
     heartbeat(attempt, 20, later(now, 3))
     write_checkpoint(running, 20, attempt, created_at=later(now, 3))
-    reconcile_job(running.id, later(now, 3))
+    reconcile_job_unlocked(running.id, later(now, 3))
     provider_of(mem_cluster).finish(attempt.provider_ref)
     with django_capture_on_commit_callbacks(execute=True):
-        reconcile_job(running.id, later(now, 4))
+        reconcile_job_unlocked(running.id, later(now, 4))
     assert phase(running) == Phase.SUCCEEDED
     assert phase(waiting) == Phase.STARTING
 
@@ -120,12 +120,12 @@ def test_a_quota_raised_through_the_api_asks_for_a_pass(
 def test_a_node_turning_ready_asks_for_a_pass_and_one_that_changes_nothing_does_not(
         mem_cluster, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks() as sent:
-        reconcile_cluster(mem_cluster.id, timezone.now())
+        reconcile_cluster_unlocked(mem_cluster.id, timezone.now())
     assert sent == []  # nothing changed: no admission pass asked for
     node = Node.objects.filter(cluster=mem_cluster, is_spare=False).first()
     Node.objects.filter(pk=node.pk).update(state=Node.State.PROVISIONING)
     with django_capture_on_commit_callbacks() as sent:
-        reconcile_cluster(mem_cluster.id, timezone.now())
+        reconcile_cluster_unlocked(mem_cluster.id, timezone.now())
     assert len(sent) == 1
 
 
@@ -138,7 +138,7 @@ def test_a_job_sent_back_to_the_queue_at_launch_is_told_its_place_in_it(mem_clus
     ahead = queued(mem_cluster, blocked, later(now, 2), name="ahead", priority=5)
     for node in Node.objects.filter(cluster=mem_cluster, is_spare=False).order_by("name")[:3]:
         node.cordon("maintenance")
-    reconcile_job(job.id, later(now, 3))  # no nodes at launch: back to the queue
+    reconcile_job_unlocked(job.id, later(now, 3))  # no nodes at launch: back to the queue
     job.refresh_from_db()
     assert job.phase == Phase.QUEUED
     assert job.pending_reason == (

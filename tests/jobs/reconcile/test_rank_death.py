@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from clusters.models import Node, NodeEvent, NodeHealthEvent
 from jobs.models import Phase
-from jobs.reconcile import budgets, reconcile_job
+from jobs.reconcile import budgets, reconcile_job_unlocked
 from tests.fleet_helpers import (
     heartbeat,
     later,
@@ -48,7 +48,7 @@ def test_a_rank_killed_on_a_healthy_node_is_relaunched_in_place(cluster):
                   .values_list("name", flat=True))
 
     kill_one_rank(cluster, first, placed[0])
-    reconcile_job(job.id, later(now, 3))
+    reconcile_job_unlocked(job.id, later(now, 3))
 
     first.refresh_from_db()
     job.refresh_from_db()
@@ -78,13 +78,13 @@ def test_a_second_rank_death_on_the_same_node_takes_the_node_out(cluster):
     job, first = running(cluster, now)
     bad = nodes_of(first)[0]
     kill_one_rank(cluster, first, bad)
-    reconcile_job(job.id, later(now, 3))
+    reconcile_job_unlocked(job.id, later(now, 3))
     second = job.attempts.get(number=2)
     heartbeat(second, 6, later(now, 4))
-    reconcile_job(job.id, later(now, 4))
+    reconcile_job_unlocked(job.id, later(now, 4))
 
     kill_one_rank(cluster, second, bad)
-    reconcile_job(job.id, later(now, 6))
+    reconcile_job_unlocked(job.id, later(now, 6))
 
     second.refresh_from_db()
     bad.refresh_from_db()
@@ -105,7 +105,7 @@ def test_a_node_the_provider_lost_is_replaced_even_before_the_cluster_pass_sees_
     bad = nodes_of(first)[0]
 
     lose_node(cluster, bad, first.provider_ref)
-    reconcile_job(job.id, later(now, 3))
+    reconcile_job_unlocked(job.id, later(now, 3))
 
     first.refresh_from_db()
     bad.refresh_from_db()
@@ -124,7 +124,7 @@ def test_a_rank_death_after_a_health_event_on_its_node_is_hardware(cluster):
                                    handled_at=later(now, 2))
 
     kill_one_rank(cluster, first, bad)
-    reconcile_job(job.id, later(now, 3))
+    reconcile_job_unlocked(job.id, later(now, 3))
 
     first.refresh_from_db()
     assert first.failure_class == "hardware"
@@ -138,10 +138,10 @@ def test_the_process_budget_spent_fails_the_job(cluster):
     launch(job, now)
     first = job.attempts.get()
     heartbeat(first, 5, later(now, 1))
-    reconcile_job(job.id, later(now, 1))
+    reconcile_job_unlocked(job.id, later(now, 1))
 
     kill_one_rank(cluster, first, nodes_of(first)[1])
-    reconcile_job(job.id, later(now, 3))
+    reconcile_job_unlocked(job.id, later(now, 3))
 
     job.refresh_from_db()
     assert job.phase == Phase.FAILED

@@ -9,7 +9,7 @@ from django.utils import timezone
 from checkpoints.models import ModelArtifact
 from clusters.models import Node
 from jobs.models import AttemptNode, GoodputEntry, JobAttempt, JobEvent, Phase
-from jobs.reconcile import reconcile_job
+from jobs.reconcile import reconcile_job_unlocked
 from tests.api_factories import worker_client
 from tests.fleet_helpers import (
     heartbeat,
@@ -90,11 +90,11 @@ def test_it_moves_to_running_on_the_first_heartbeat_with_a_step(mem_cluster, tea
     job = submit(mem_cluster, team)
     now = timezone.now()
     attempt = launch(job, now)
-    reconcile_job(job.id, later(now, 1))
+    reconcile_job_unlocked(job.id, later(now, 1))
     job.refresh_from_db()
     assert job.phase == Phase.STARTING
     heartbeat(attempt, 3, later(now, 2))
-    reconcile_job(job.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 2))
     job.refresh_from_db()
     attempt.refresh_from_db()
     assert job.phase == Phase.RUNNING
@@ -106,11 +106,11 @@ def test_running_it_twice_changes_nothing_more_than_once(mem_cluster, team):
     job = submit(mem_cluster, team)
     now = timezone.now()
     fleet_launch(job, now)
-    reconcile_job(job.id, now)
+    reconcile_job_unlocked(job.id, now)
     assert job.attempts.count() == 1
     assert len(provider_of(mem_cluster).fleet.attempts) == 1
     events = JobEvent.objects.filter(job=job).count()
-    reconcile_job(job.id, now)
+    reconcile_job_unlocked(job.id, now)
     assert JobEvent.objects.filter(job=job).count() == events
 
 
@@ -119,11 +119,11 @@ def test_it_finishes_a_job_exports_the_model_and_releases_the_nodes(mem_cluster,
     now = timezone.now()
     attempt = launch(job, now)
     heartbeat(attempt, 1, later(now, 1))
-    reconcile_job(job.id, later(now, 1))
+    reconcile_job_unlocked(job.id, later(now, 1))
     write_checkpoint(job, 20, attempt, created_at=later(now, 9))
     heartbeat(attempt, 20, later(now, 9))
     provider_of(mem_cluster).finish(attempt.provider_ref)
-    reconcile_job(job.id, later(now, 10))
+    reconcile_job_unlocked(job.id, later(now, 10))
     job.refresh_from_db()
     assert job.phase == Phase.SUCCEEDED
     assert job.current_step == 20
@@ -145,7 +145,7 @@ def test_a_cancel_stops_the_ranks_and_releases_the_nodes(mem_cluster, team):
     now = timezone.now()
     attempt = launch(job, now)
     job.request_cancel("olivia", now=later(now, 1))
-    reconcile_job(job.id, later(now, 2))
+    reconcile_job_unlocked(job.id, later(now, 2))
     job.refresh_from_db()
     attempt.refresh_from_db()
     assert job.phase == Phase.CANCELLED

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from controlplane.lib import receiver
 from jobs.models import Phase
-from jobs.reconcile import reconcile_job
+from jobs.reconcile import reconcile_job_unlocked
 from tests.fleet_helpers import (
     later,
     memory_cluster,
@@ -40,7 +40,7 @@ def test_no_hang_is_called_while_no_web_is_listening(mem_cluster):
     job, attempt = _running(mem_cluster, now)
     _web_marked(later(now, 2))  # then the web went away
     # 30 s of silence against a 10 s deadline, all of it with no web to hear.
-    reconcile_job(job.id, later(now, 31))
+    reconcile_job_unlocked(job.id, later(now, 31))
     job.refresh_from_db()
     attempt.refresh_from_db()
     assert job.phase == Phase.RUNNING and attempt.failure_class == ""
@@ -53,13 +53,13 @@ def test_silence_counts_from_the_moment_the_web_is_back(mem_cluster):
     receiver.mark(back.timestamp())  # the first mark after the outage starts a run
     receiver.mark(later(now, 44).timestamp())
     # 44 s since the last beat, but the web has been back for 5 s only.
-    reconcile_job(job.id, later(now, 45))
+    reconcile_job_unlocked(job.id, later(now, 45))
     job.refresh_from_db()
     assert job.phase == Phase.RUNNING
     # Back for 12 s and still silent: now it is the ranks.
     for at in (48, 52):
         receiver.mark(later(now, at).timestamp())
-    reconcile_job(job.id, later(now, 52))
+    reconcile_job_unlocked(job.id, later(now, 52))
     attempt.refresh_from_db()
     assert attempt.failure_class == "hang"
 
@@ -67,7 +67,7 @@ def test_silence_counts_from_the_moment_the_web_is_back(mem_cluster):
 def test_with_no_web_marks_at_all_the_deadline_counts_as_before(mem_cluster):
     now = timezone.now()
     job, attempt = _running(mem_cluster, now)
-    reconcile_job(job.id, later(now, 20))
+    reconcile_job_unlocked(job.id, later(now, 20))
     attempt.refresh_from_db()
     assert attempt.failure_class == "hang"
 

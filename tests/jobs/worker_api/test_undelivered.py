@@ -13,7 +13,7 @@ from regatta.spool import storage_handoff
 from checkpoints.models import Checkpoint
 from jobs.checkpointing import open_job_storage
 from jobs.models import JobEvent, MetricPoint, Phase, TrainingJob
-from jobs.reconcile import reconcile_job
+from jobs.reconcile import reconcile_job_unlocked
 from jobs.worker_api.undelivered import collect
 from tests.api_factories import make_attempt, make_job, worker_client
 from tests.fleet_helpers import (
@@ -150,7 +150,7 @@ def test_a_job_whose_end_the_web_missed_succeeds_from_what_its_ranks_handed_off(
     run_with_the_web_down(job, attempt, attempt.issue_token(), steps=40, manifest_sha256=sha)
     provider_of(cluster).finish(attempt.provider_ref)
 
-    reconcile_job(job.id, later(now, 5))
+    reconcile_job_unlocked(job.id, later(now, 5))
 
     job.refresh_from_db()
     assert job.phase == Phase.SUCCEEDED, kinds(job)
@@ -172,13 +172,13 @@ def test_what_a_rank_left_after_its_attempt_ended_is_collected_by_the_next_attem
     first = job.attempts.get()
     node = first.placements.order_by("node_rank").first().node.name
     provider_of(cluster).exit_node(first.provider_ref, node, exit_code=84)
-    reconcile_job(job.id, later(now, 5))
+    reconcile_job_unlocked(job.id, later(now, 5))
     first.refresh_from_db()
     assert first.ended_at is not None and job.attempts.count() == 2
     # The other node's rank, stopped once the attempt had ended, hands off late.
     run_with_the_web_down(job, first, first.issue_token(), steps=10)
 
-    reconcile_job(job.id, later(now, 60))
+    reconcile_job_unlocked(job.id, later(now, 60))
 
     assert MetricPoint.objects.filter(attempt=first).count() == 10
     assert kinds(job).count("TrainerFinished") == 1 and handed_off(job) == []
