@@ -71,12 +71,13 @@ KUBE_STATE ?= $(CURDIR)/.regatta/kube
 kube-build: install
 	$(PY) -m testcluster build
 
-# `make test` builds the cluster first where Go is installed, so the build's
-# minutes show up here rather than inside the first test that needs it;
-# without Go the real-cluster tests skip (CI=true makes them fail instead).
+# Where Go is installed and the binaries are missing, `make test` starts
+# their build in the background (log beside them in the cache): the suite
+# runs meanwhile, and its real-cluster tests, which run last, wait for the
+# build. Without Go they skip (CI=true makes them fail instead).
 kube-build-if-go: install
 	@if command -v go >/dev/null || [ -x /usr/local/go/bin/go ]; then \
-		$(PY) -m testcluster build; \
+		$(PY) -m testcluster build --background; \
 	else echo "kube: no Go here; the real-cluster tests will skip"; fi
 
 kube-up: install

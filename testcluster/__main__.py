@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=4, help="kwok GPU nodes for `up`")
     parser.add_argument("--admin", action="store_true",
                         help="`kubeconfig`: the admin's instead of Regatta's")
+    parser.add_argument("--background", action="store_true",
+                        help="`build`: start it in a process of its own and return")
     args = parser.parse_args(argv)
     try:
         return VERBS[args.verb](args)
@@ -37,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _build(args) -> int:
-    print(build.build())
+    print(build.start_in_background() if args.background else build.build())
     return 0
 
 

@@ -8,6 +8,8 @@ Binaries are kept outside the clone, under $XDG_CACHE_HOME/regatta-kube.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import re
@@ -122,6 +124,71 @@ def module_dir(mod: Path, module: str, go: str | None = None) -> Path:
     return Path(out.stdout.strip())
 
 
+def build_log(folder: Path | None = None) -> Path:
+    """Where a background build writes (beside its binaries)."""
+    return (folder or bin_dir()).parent / "build.log"
+
+
+def _lock_file(folder: Path) -> Path:
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    return folder.parent / "build.lock"
+
+
+@contextlib.contextmanager
+def _build_lock(folder: Path):
+    """One builder per set of versions at a time: a second `build` (a test
+    run beside a `make kube-build`) waits, then finds the binaries made."""
+    with open(_lock_file(folder), "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def building_now(folder: Path | None = None) -> bool:
+    """Whether some process is building these binaries at this moment."""
+    folder = folder or bin_dir()
+    with open(_lock_file(folder), "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        return False
+
+
+def wait_while_building(timeout: float, folder: Path | None = None) -> None:
+    """Returns once no build runs (finished, failed or never started)."""
+    deadline = time.monotonic() + timeout
+    while building_now(folder) and time.monotonic() < deadline:
+        time.sleep(2)
+
+
+def start_in_background() -> str:
+    """Starts `build` in a process of its own, unless the binaries are there
+    or a build already runs, and returns what it did. `make test` calls it so
+    that a cold build (tens of minutes) overlaps the rest of the suite, whose
+    real-cluster tests run last and wait for it."""
+    out = bin_dir()
+    if binaries_present(out):
+        return f"testcluster: binaries in {out}"
+    if building_now(out):
+        return f"testcluster: a build is already running; log {build_log(out)}"
+    log = open(build_log(out), "w")
+    proc = subprocess.Popen([sys.executable, "-m", "testcluster", "build"], stdout=log,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            cwd=HERE.parent, start_new_session=True)
+    log.close()
+    # Returns only once the child holds the lock, so that whoever looks next
+    # (the suite's first real-cluster test) sees a build running.
+    deadline = time.monotonic() + 60
+    while not building_now(out) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return (f"testcluster: building the test cluster in the background (pid {proc.pid}); "
+            f"log {build_log(out)}")
+
+
 def build(log=print, nice: int = 15) -> Path:
     """Builds what is missing, one binary at a time, and returns the folder.
 
@@ -133,6 +200,13 @@ def build(log=print, nice: int = 15) -> Path:
     out = bin_dir(go)
     if binaries_present(out):
         return out
+    with _build_lock(out):
+        return _build_missing(go, out, log, nice)
+
+
+def _build_missing(go: str, out: Path, log, nice: int) -> Path:
+    if binaries_present(out):
+        return out  # another builder finished while this one waited
     out.mkdir(parents=True, exist_ok=True)
     kube = versions()["kubernetes"]
     major, minor = kube.lstrip("v").split(".")[:2]

@@ -13,6 +13,11 @@ namespace, afterwards.
 Loaded as a plugin (pyproject's addopts). Where Go is missing, the tests
 that use the cluster are left out with one line saying how to enable them,
 unless CI=true: CI must never skip them, so there they fail.
+
+The tests that use the cluster run last. `make test` may have started a
+cold build of its binaries in the background (tens of minutes): the rest
+of the suite runs meanwhile, and the first real-cluster test waits for it,
+before pytest-timeout's clock for that test starts.
 """
 
 from __future__ import annotations
@@ -101,29 +106,63 @@ def _in_ci() -> bool:
     return os.environ.get("CI", "").lower() == "true"
 
 
+# How long the first real-cluster test waits for a background build.
+BUILD_WAIT_S = 90 * 60
+
+
 def _why_unavailable() -> str | None:
     """Why the cluster cannot start here, or None. Binaries are built by
-    `make test` (or `make kube-build`) before pytest starts, never inside a
-    test: a cold build takes tens of minutes."""
+    `make test` (in the background, see the module's docstring) or `make
+    kube-build`, never inside a test."""
     if build.go_binary() is None:
         return build.ENABLE_HINT
-    if not build.binaries_present(build.bin_dir()):
-        return ("the test cluster is not built: run `make kube-build` (tens of minutes the "
-                "first time) to enable the real-cluster tests")
-    return None
+    folder = build.bin_dir()
+    if build.binaries_present(folder):
+        return None
+    if build.building_now(folder):
+        return None  # the first real-cluster test waits for it
+    log = build.build_log(folder)
+    if log.exists() and log.stat().st_size:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+        return f"the test cluster's build failed (log {log}):\n{tail}"
+    return ("the test cluster is not built: run `make kube-build` (tens of minutes the "
+            "first time) to enable the real-cluster tests")
 
 
+def _uses_cluster(item) -> bool:
+    return "kube" in getattr(item, "fixturenames", ())
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
-    """Leave the real-cluster tests out when the cluster cannot start, and
-    say so once (at the end of the run); never in CI, where they fail."""
+    """The real-cluster tests go last (after pytest-django's own ordering),
+    so a build in the background overlaps everything else. Where the
+    cluster cannot start they are left out, said once at the end of the
+    run; never in CI, where they fail."""
+    items[:] = [i for i in items if not _uses_cluster(i)] + [i for i in items if _uses_cluster(i)]
     reason = _why_unavailable()
     if reason is None or _in_ci():
         return
-    left_out = [item for item in items if "kube" in getattr(item, "fixturenames", ())]
+    left_out = [item for item in items if _uses_cluster(item)]
     if left_out:
         config.hook.pytest_deselected(items=left_out)
         items[:] = [item for item in items if item not in left_out]
         config._kube_left_out = (len(left_out), reason)
+
+
+@pytest.hookimpl(tryfirst=True, wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Outside every other wrapper of the test (pytest-timeout's clock
+    included): a real-cluster test waits here while its binaries build."""
+    if _uses_cluster(item) and build.go_binary() is not None:
+        folder = build.bin_dir()
+        if not build.binaries_present(folder) and build.building_now(folder):
+            reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None:
+                reporter.write_line(f"waiting for the test cluster's build (log "
+                                    f"{build.build_log(folder)})")
+            build.wait_while_building(BUILD_WAIT_S, folder)
+    return (yield)
 
 
 def pytest_terminal_summary(terminalreporter, config):
