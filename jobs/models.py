@@ -448,10 +448,6 @@ class JobAttempt(models.Model):
     def __str__(self):
         return f"{self.job_id}#{self.number}"
 
-    @property
-    def has_ended(self) -> bool:
-        return self.state in self.ENDED
-
     def launched(self, now, **fields) -> None:
         """preflight → starting: the provider started the ranks. Conditional
         on the row, not on what this object read: a pass that adopts ranks

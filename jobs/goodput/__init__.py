@@ -118,10 +118,6 @@ def queueing_entry(job, since, now) -> GoodputEntry | None:
                         key=f"queued-{int(since.timestamp() * 1000)}", created_at=now)
 
 
-def book_queueing(job, since, now) -> None:
-    book_queueing_many([queueing_entry(job, since, now)])
-
-
 def book_queueing_many(entries) -> None:
     """Keyed like every line: a span booked already is left as it is."""
     entries = [e for e in entries if e is not None]

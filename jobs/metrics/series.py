@@ -115,17 +115,10 @@ def plan(job_id: int, name: str) -> Plan | None:
     return Plan(points, rank0, _cutoffs(attempts, points))
 
 
-def effective_points(job_id: int, name: str):
+def effective_points_of(chart: Plan):
     """The points of one metric that the chart shows, as a queryset: rank 0
     speaks for the job when it reported the metric, and the newest attempt
     wins the steps a rollback replayed (`_cutoffs`)."""
-    chart = plan(job_id, name)
-    if chart is None:
-        return MetricPoint.objects.none()
-    return effective_points_of(chart)
-
-
-def effective_points_of(chart: Plan):
     # The clauses are joined once (repeated `|=` copies the whole tree each time).
     clauses = [
         Q(attempt_id__in=ids) if bound is None else Q(attempt_id__in=ids, step__lte=bound)

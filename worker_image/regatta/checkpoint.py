@@ -101,9 +101,6 @@ class Checkpointer:
         direct = self.storage.local_dir(step)
         return direct if direct is not None else self.staging_root / step_name(step)
 
-    def local_done(self) -> bool:
-        return self.pending is None or self.pending.local.done()
-
     def save(self, step: int, state: Any, rank_state: Any = None, *, use_async: bool,
              emergency: bool = False, request_id: str | None = None,
              export: Export | None = None) -> bool:
