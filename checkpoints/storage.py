@@ -160,10 +160,7 @@ def apply_retention(job, storage, protect=lambda: frozenset()) -> list[int]:
         if checkpoint.pk not in {c.pk for c in retention_plan(job, protect())[1]}:
             continue
         delete_files(checkpoint, storage)
-        changed = Checkpoint.objects.filter(pk=checkpoint.pk).exclude(
-            state=Checkpoint.State.DELETED,
-        ).update(state=Checkpoint.State.DELETED,
-                 state_reason=f"retention: keep last {job.keep_last}")
-        if changed:
+        if checkpoint.transition(Checkpoint.State.DELETED,
+                                 reason=f"retention: keep last {job.keep_last}"):
             deleted.append(checkpoint.step)
     return sorted(deleted)

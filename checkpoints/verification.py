@@ -30,11 +30,9 @@ def verify(checkpoint: Checkpoint, storage, now=None) -> tuple[bool, str]:
         checkpoint.state_reason = f"could not read: {exc}"[:300]
         Checkpoint.objects.filter(pk=checkpoint.pk).update(state_reason=checkpoint.state_reason)
         return False, checkpoint.state_reason
-    state = Checkpoint.State.VERIFIED if ok else Checkpoint.State.CORRUPT
-    Checkpoint.objects.filter(pk=checkpoint.pk, state__in=Checkpoint.LOADABLE).update(
-        state=state, state_reason=(reason or "")[:300], verified_at=now if ok else None
-    )
-    checkpoint.refresh_from_db()
+    # A row abandoned or deleted while its files were read stays so.
+    checkpoint.transition(Checkpoint.State.VERIFIED if ok else Checkpoint.State.CORRUPT,
+                          reason=reason or "", verified_at=now if ok else None)
     return ok, reason
 
 

@@ -64,12 +64,11 @@ def abandon_branch(job, step: int, before_attempt: int, now) -> list[int]:
     never resumed from or offered again (a failure of the new gang must not
     fall forward onto them). Returns the steps abandoned."""
     rows = (Checkpoint.objects.filter(job=job, step__gt=step)
-            .filter(Q(attempt__isnull=True) | Q(attempt__number__lt=before_attempt))
-            .exclude(state__in=(Checkpoint.State.DELETED, Checkpoint.State.ABANDONED)))
-    steps = sorted(rows.values_list("step", flat=True))
+            .filter(Q(attempt__isnull=True) | Q(attempt__number__lt=before_attempt)))
+    moved = Checkpoint.transition_many(rows, Checkpoint.State.ABANDONED,
+                                       reason=f"left by the restart from step {step}")
+    steps = sorted(c.step for c in moved)
     if steps:
-        rows.update(state=Checkpoint.State.ABANDONED,
-                    state_reason=f"left by the restart from step {step}")
         job.record("CheckpointsAbandoned",
                    f"steps {', '.join(map(str, steps))} are on the branch the restart from "
                    f"step {step} left", evidence={"steps": steps, "restart_step": step}, now=now)

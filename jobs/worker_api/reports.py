@@ -118,10 +118,8 @@ def record_checkpoint(attempt: JobAttempt, values: dict) -> tuple[Checkpoint, bo
                 or checkpoint.manifest_sha256 != fields["manifest_sha256"]):
             # A later attempt replayed this step after a rollback and wrote it anew:
             # the row describes the new files, to be verified again.
-            Checkpoint.objects.filter(pk=checkpoint.pk).update(
-                **fields, attempt=attempt, state=Checkpoint.State.COMMITTED,
-                state_reason="", verified_at=None,
-            )
+            checkpoint.transition(Checkpoint.State.COMMITTED, reason="", attempt=attempt,
+                                  verified_at=None, **fields)
         RECONCILE_JOB.soon(attempt.job_id)
     return checkpoint, created
 
