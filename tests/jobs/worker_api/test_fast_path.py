@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from io import BytesIO
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -25,6 +24,7 @@ from controlplane.wsgi import application, django_application
 from jobs.models import JobAttempt, MetricPoint, RankStatus
 from jobs.worker_api.views.fast import WorkerFastPath
 from tests.api_factories import make_attempt, make_job
+from tests.support.waiting import eventually
 
 
 class Recorder:
@@ -287,12 +287,10 @@ def test_the_trainers_reporter_over_http_through_the_served_application(team, cl
         reporter.update_status(step=3, samples_per_s=10.0, tokens_per_s=640.0, step_time_s=0.1)
         for step in range(1, 201):
             reporter.metric("loss", step, 3.0 - step / 100)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not (
-                MetricPoint.objects.filter(attempt=attempt).count() == 200
-                and JobAttempt.objects.get(pk=attempt.pk).last_step == 3
-                and reporter.directives().get("checkpoint_request") == request_id):
-            time.sleep(0.1)
+        eventually(lambda: (MetricPoint.objects.filter(attempt=attempt).count() == 200
+                            and JobAttempt.objects.get(pk=attempt.pk).last_step == 3
+                            and reporter.directives().get("checkpoint_request") == request_id),
+                   timeout=20, interval=0.1, what="the points, the status and the directive")
     finally:
         reporter.close()
         server.shutdown()
