@@ -1,5 +1,6 @@
-"""Shared fixtures: the real broker, and the personas every authorization
-test uses (an owner, a teammate, an outsider, an operator, anonymous)."""
+"""Shared fixtures: the real broker, the personas every authorization test
+uses (an owner, a teammate, an outsider, an operator, anonymous), and the
+team's plain job."""
 
 import os
 
@@ -19,6 +20,7 @@ from accounts.models import ApiToken
 from clusters.models import Cluster, Node, NodePool
 from controlplane.embedded import start_redis
 from jobs.models import Quota, Team
+from tests.api_factories import make_job
 from tests.support import memory_provider as memory
 
 # The in-memory fleet is a test double, not a product provider: registered here.
@@ -101,6 +103,12 @@ def team(db, cluster):
     team = Team.objects.create(name="vision", display_name="Vision")
     Quota.objects.create(team=team, cluster=cluster, gpus=4, max_running_jobs=3)
     return team
+
+
+@pytest.fixture
+def job(team, cluster, owner):
+    """A job the owner submitted for the team, not yet admitted."""
+    return make_job(team, cluster, owner)
 
 
 @pytest.fixture

@@ -74,11 +74,6 @@ FLEET_URLS = ["/api/v1/jobs/", "/api/v1/jobs/?team=vision&phase=running",
               "/api/v1/nodes/", "/api/v1/health-events/", "/api/v1/tokens/"]
 
 
-@pytest.fixture
-def job(team, cluster, owner):
-    return make_job(team, cluster, owner)
-
-
 def test_a_job_s_lists_take_the_same_queries_for_two_rows_or_eight(owner, job):
     client = warm(client_for(owner))
     job_rows(job, 2, 0)

@@ -21,18 +21,18 @@ pytestmark = pytest.mark.usefixtures("fleet_dirs")
 
 
 @pytest.fixture
-def job(team, cluster, owner):
+def succeeded_job(team, cluster, owner):
     return make_job(team, cluster, owner, phase="succeeded")
 
 
 @pytest.fixture
-def final(job):
-    return write_checkpoint(job, 40, weight=torch.arange(6.0).reshape(2, 3))
+def final(succeeded_job):
+    return write_checkpoint(succeeded_job, 40, weight=torch.arange(6.0).reshape(2, 3))
 
 
 @pytest.fixture
-def artifact(job, final):
-    return export_final(job, final, open_job_storage(job), timezone.now())
+def artifact(succeeded_job, final):
+    return export_final(succeeded_job, final, open_job_storage(succeeded_job), timezone.now())
 
 
 def body(resp) -> bytes:
@@ -141,16 +141,16 @@ def test_a_file_not_in_the_export_listing_is_not_served(api, owner, artifact):
         == 404
 
 
-def test_an_artifact_row_pointing_outside_the_registry_serves_nothing(api, owner, job,
+def test_an_artifact_row_pointing_outside_the_registry_serves_nothing(api, owner, succeeded_job,
                                                                       tmp_path):
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     (outside / "model.pt").write_bytes(b"weights")
     row = ModelArtifact.objects.create(
-        job=job, name="stray", uri=str(outside / "model.pt"), format="torch",
+        job=succeeded_job, name="stray", uri=str(outside / "model.pt"), format="torch",
         files={"model.pt": {"sha256": sha(b"weights"), "bytes": 7}})
     assert api(owner).get(f"/api/v1/artifacts/{row.pk}/files/model.pt").status_code == 404
-    etc = ModelArtifact.objects.create(job=job, name="etc", version=2, uri="/etc",
+    etc = ModelArtifact.objects.create(job=succeeded_job, name="etc", version=2, uri="/etc",
                                        format="files")
     assert api(owner).get(f"/api/v1/artifacts/{etc.pk}/files/").json()["files"] == []
     assert api(owner).get(f"/api/v1/artifacts/{etc.pk}/files/passwd").status_code == 404

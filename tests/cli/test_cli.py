@@ -180,7 +180,7 @@ def test_nodes_lists_the_fleet(logged_in, owner, cluster):
 
 def _finish_later(job_id, phase, delay=1.0):
     def go():
-        time.sleep(delay)
+        time.sleep(delay)  # not a wait: the job must end while the CLI watches it
         job = TrainingJob.objects.get(pk=job_id)
         if phase == Phase.SUCCEEDED:
             job.transition(Phase.SUCCEEDED, reason="Finished")

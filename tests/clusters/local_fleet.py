@@ -3,13 +3,13 @@ that kills everything it started when the test ends, and small requests."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
 from clusters.providers.base import LaunchRequest, Placement, PoolInfo
 from clusters.providers.local import LocalProvider, procs
+from tests.support.waiting import eventually
 
 RANKS_SCRIPT = str(Path(__file__).with_name("local_provider_ranks.py"))
 
@@ -39,19 +39,9 @@ def kill_everything(root: Path) -> None:
     procs.wait_gone(found, 10)
 
 
-def wait_until(predicate, timeout: float = 60, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def wait_done(provider: LocalProvider, ref: dict, timeout: float = 90):
-    return wait_until(lambda: (s := provider.observe(ref)).state != "running" and s,
-                      timeout, "the attempt to end")
+    return eventually(lambda: (s := provider.observe(ref)).state != "running" and s,
+                      timeout=timeout, what="the attempt to end")
 
 
 def progress(ref: dict, rank: int, node_rank: int) -> int:

@@ -40,7 +40,7 @@ def main() -> int:
         if stop["asked"]:
             code = 83  # the trainer's "stopped on SIGTERM" code
             break
-        time.sleep(step_s)
+        time.sleep(step_s)  # a step's length, not a wait
     status = {"rank": rank, "exit_code": code, "failure_class": None, "error": None,
               "step": step, "time": time.time(), "sum": tensor[0].item()}
     with open(os.path.join(os.environ["REGATTA_STATUS_DIR"], f"rank-{rank}.json"), "w") as fh:

@@ -17,9 +17,9 @@ import pytest
 from django.utils import timezone
 
 from clusters.models import Cluster, Node, NodeHealthEvent, NodePool
-from clusters.providers.aws import instance_id
+from clusters.providers.kubernetes.aws_node_groups import instance_id
 from clusters.reconcile import reconcile_cluster_unlocked, scaling
-from tests.clusters.test_aws_provider import counts, desired, queue, sns_envelope, spot_event
+from tests.clusters.test_aws_node_groups import counts, desired, queue, sns_envelope, spot_event
 from tests.fleet_helpers import later
 from tests.support import k8s_standin as st
 from tests.support.asg_standin import AsgStandIn, activity, insufficient_capacity

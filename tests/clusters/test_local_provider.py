@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from clusters.providers.local import procs
+from tests.support.waiting import eventually
 
-from .local_fleet import alive, fleet, make_pool, progress, request, wait_done, wait_until
+from .local_fleet import alive, fleet, make_pool, progress, request, wait_done
 
 __all__ = ["fleet"]
 
@@ -75,8 +76,9 @@ def test_an_attempt_outlives_the_process_that_launched_it(fleet):
 def test_a_rank_that_fails_fails_the_attempt_with_its_exit_code(fleet):
     ref = fleet.launch(request(fleet, make_pool(), "job-3-a1", env={"REGATTA_TEST_EXIT": "1"}))
 
-    status = wait_until(lambda: not any((s := fleet.observe(ref)).nodes[i].running
-                                        for i in (0, 1)) and s, 60, "both nodes to end")
+    status = eventually(lambda: not any((s := fleet.observe(ref)).nodes[i].running
+                                        for i in (0, 1)) and s,
+                        timeout=60, what="both nodes to end")
 
     assert status.state == "failed"
     assert {n.exit_code for n in status.nodes} == {1}
@@ -90,7 +92,7 @@ def test_a_killed_node_is_reported_failed_by_signal_9(fleet):
     pool = make_pool()
     ref = fleet.launch(request(fleet, pool, "job-4-a1",
                                env={"REGATTA_TEST_STEPS": "400", "REGATTA_TEST_STEP_S": "0.1"}))
-    wait_until(lambda: progress(ref, 1, 1) >= 1, 60, "the gang to start stepping")
+    eventually(lambda: progress(ref, 1, 1) >= 1, timeout=60, what="the gang to start stepping")
 
     evidence = fleet.inject_fault(pool, "lab-a-1", "kill")
 
@@ -112,13 +114,13 @@ def test_a_killed_node_is_reported_failed_by_signal_9(fleet):
 def test_killing_one_rank_fails_its_node_by_that_signal(fleet):
     ref = fleet.launch(request(fleet, make_pool(), "job-5-a1", nproc=2,
                                env={"REGATTA_TEST_STEPS": "400", "REGATTA_TEST_STEP_S": "0.1"}))
-    wait_until(lambda: progress(ref, 3, 1) >= 1, 60, "the gang to start stepping")
+    eventually(lambda: progress(ref, 3, 1) >= 1, timeout=60, what="the gang to start stepping")
 
     pid = fleet.kill_rank(ref, 3)
 
-    status = wait_until(lambda: (s := fleet.observe(ref)).state == "failed"
-                        and not s.nodes[1].running and s, 30, "the attempt to fail")
-    wait_until(lambda: not alive(pid), 10, "the rank to die")
+    status = eventually(lambda: (s := fleet.observe(ref)).state == "failed"
+                        and not s.nodes[1].running and s, timeout=30, what="the attempt to fail")
+    eventually(lambda: not alive(pid), timeout=10, what="the rank to die")
     node = next(n for n in status.failed_nodes if n.node_rank == 1)
     assert node.signal == 9 and node.exit_code is None
     fleet.stop(ref, grace_s=2)
@@ -129,7 +131,7 @@ def test_a_hung_node_stops_stepping_and_stop_cleans_it_up(fleet):
     pool = make_pool()
     ref = fleet.launch(request(fleet, pool, "job-6-a1",
                                env={"REGATTA_TEST_STEPS": "400", "REGATTA_TEST_STEP_S": "0.1"}))
-    wait_until(lambda: progress(ref, 0, 0) >= 1, 60, "the gang to start stepping")
+    eventually(lambda: progress(ref, 0, 0) >= 1, timeout=60, what="the gang to start stepping")
 
     evidence = fleet.inject_fault(pool, "lab-a-0", "hang")
 
@@ -137,6 +139,7 @@ def test_a_hung_node_stops_stepping_and_stop_cleans_it_up(fleet):
     rank_pid = evidence["pids"][0]
     assert procs.stat(rank_pid)[1] == "T"
     before = progress(ref, 1, 1)
+    # Not a wait: time passing without progress is what the test shows.
     time.sleep(1.5)  # ~15 steps' worth, had anything kept going
     assert progress(ref, 1, 1) <= before + 1, "the healthy node waits in the collective"
     assert procs.stat(rank_pid)[1] == "T"
@@ -154,7 +157,7 @@ def test_a_hung_node_stops_stepping_and_stop_cleans_it_up(fleet):
 def test_stop_leaves_no_process_behind_and_is_idempotent(fleet):
     ref = fleet.launch(request(fleet, make_pool(), "job-7-a1",
                                env={"REGATTA_TEST_STEPS": "400", "REGATTA_TEST_STEP_S": "0.1"}))
-    wait_until(lambda: progress(ref, 1, 1) >= 1, 60, "the gang to start stepping")
+    eventually(lambda: progress(ref, 1, 1) >= 1, timeout=60, what="the gang to start stepping")
     everyone = procs.scan(attempt_dir=ref["dir"])
     assert len([p for p in everyone if p.rank is not None]) == 2
 
@@ -176,12 +179,13 @@ def test_drain_sigterms_the_nodes_ranks_which_exit_83(fleet):
     pool = make_pool()
     ref = fleet.launch(request(fleet, pool, "job-8-a1",
                                env={"REGATTA_TEST_STEPS": "400", "REGATTA_TEST_STEP_S": "0.1"}))
-    wait_until(lambda: progress(ref, 0, 0) >= 1, 60, "the gang to start stepping")
+    eventually(lambda: progress(ref, 0, 0) >= 1, timeout=60, what="the gang to start stepping")
 
     fleet.drain(pool, "lab-a-0", grace_s=20)
 
-    status = wait_until(lambda: (s := fleet.observe(ref)).state == "failed"
-                        and not s.nodes[0].running and s, 30, "the drained node to end")
+    status = eventually(lambda: (s := fleet.observe(ref)).state == "failed"
+                        and not s.nodes[0].running and s,
+                        timeout=30, what="the drained node to end")
     drained = status.nodes[0]
     assert (drained.exit_code, drained.signal) == (83, None)
     assert [r["exit_code"] for r in drained.ranks] == [83]
@@ -194,17 +198,18 @@ def test_drain_kills_ranks_that_ignore_sigterm_after_grace(fleet):
     ref = fleet.launch(request(fleet, pool, "job-9-a1",
                                env={"REGATTA_TEST_STEPS": "400", "REGATTA_TEST_STEP_S": "0.1",
                                     "REGATTA_TEST_IGNORE_TERM": "1"}))
-    wait_until(lambda: progress(ref, 0, 0) >= 1, 60, "the gang to start stepping")
+    eventually(lambda: progress(ref, 0, 0) >= 1, timeout=60, what="the gang to start stepping")
     rank = [p for p in procs.scan(attempt_dir=ref["dir"], node="lab-a-0") if p.rank == 0][0]
 
     fleet.drain(pool, "lab-a-0", grace_s=1)
 
     assert alive(rank.pid), "drain returns before the grace period ends"
-    wait_until(lambda: not alive(rank.pid), 20, "the killer to end the rank")
+    eventually(lambda: not alive(rank.pid), timeout=20, what="the killer to end the rank")
     # The peer node may report the broken gang first; wait for the drained node's
     # own launcher to record how its rank ended.
-    status = wait_until(lambda: (s := fleet.observe(ref)).state == "failed"
-                        and not s.nodes[0].running and s, 30, "the drained node to end")
+    status = eventually(lambda: (s := fleet.observe(ref)).state == "failed"
+                        and not s.nodes[0].running and s,
+                        timeout=30, what="the drained node to end")
     assert status.nodes[0].signal == signal.SIGKILL
     fleet.stop(ref, grace_s=2)
 

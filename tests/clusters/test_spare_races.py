@@ -75,7 +75,8 @@ class Race:
                                "no node")
 
     def faults(self):
-        """Two nodes of the job lost, then a spot notice on an idle spare."""
+        """Two nodes of the job lost, then a spot notice on an idle spare. The
+        sleeps pace the faults among the passes; they wait for nothing."""
         try:
             for _ in range(2):
                 time.sleep(0.3)

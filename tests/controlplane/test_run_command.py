@@ -6,7 +6,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from django.core.management import call_command
 from accounts.models import ApiToken
 from clusters.models import Cluster
 from jobs.models import Quota, Team, TrainingJob
+from tests.support.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,6 +58,14 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def _login_status(port: int) -> int | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/login/", timeout=2) as r:
+            return r.status
+    except OSError:
+        return None
+
+
 def _sessions_alive(sids):
     alive = []
     for entry in Path("/proc").iterdir():
@@ -89,16 +97,8 @@ def test_ctrl_c_stops_web_worker_beat_and_broker_leaving_no_process(tmp_path):
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
-        deadline = time.monotonic() + 90
-        status = None
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/login/", timeout=2) as r:
-                    status = r.status
-                    break
-            except OSError:
-                time.sleep(0.5)
-        assert status == 200, "the web process never answered"
+        eventually(lambda: _login_status(port) == 200, timeout=90, interval=0.5,
+                   what="the web process to answer")
         children = [
             int(p.name) for p in Path("/proc").iterdir()
             if p.name.isdigit() and _ppid(p) == up.pid
@@ -108,8 +108,8 @@ def test_ctrl_c_stops_web_worker_beat_and_broker_leaving_no_process(tmp_path):
         output, _ = up.communicate(timeout=60)
         assert up.returncode == 0, output
         assert "stopped." in output
-        time.sleep(0.5)
-        assert _sessions_alive(set(children)) == []
+        eventually(lambda: _sessions_alive(set(children)) == [], timeout=0.5,
+                   what="no process left in the children's sessions")
     finally:
         if up.poll() is None:
             up.kill()
@@ -134,16 +134,11 @@ def test_sigint_to_the_one_pid_of_the_readme_run_command_stops_everything(tmp_pa
                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           start_new_session=True)
     try:
-        deadline = time.monotonic() + 180
-        status = None
-        while time.monotonic() < deadline and up.poll() is None:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/login/", timeout=2) as r:
-                    status = r.status
-                    break
-            except OSError:
-                time.sleep(0.5)
-        assert status == 200, "the web process never answered"
+        def answers():
+            assert up.poll() is None, "the run command exited before the web answered"
+            return _login_status(port) == 200
+
+        eventually(answers, timeout=180, interval=0.5, what="the web process to answer")
         children = [int(p.name) for p in Path("/proc").iterdir()
                     if p.name.isdigit() and _ppid(p) == up.pid]
         assert len(children) >= 4, "redis, web, worker and beat should be children of the PID"
@@ -151,8 +146,8 @@ def test_sigint_to_the_one_pid_of_the_readme_run_command_stops_everything(tmp_pa
         output, _ = up.communicate(timeout=60)
         assert up.returncode == 0, output
         assert "stopped." in output
-        time.sleep(0.5)
-        assert _sessions_alive(set(children)) == []
+        eventually(lambda: _sessions_alive(set(children)) == [], timeout=0.5,
+                   what="no process left in the children's sessions")
     finally:
         if up.poll() is None:
             os.killpg(up.pid, signal.SIGKILL)

@@ -1,10 +1,10 @@
 """The control plane's IAM policy (deploy/overlays/eks/control-plane-iam-policy.json)
 allows every AWS call the Auto Scaling and spot-notice adapter makes.
 
-The calls are read from clusters/providers/aws.py itself (`self.<client>.<op>(`
-and paginators), named as IAM names them through botocore's service models,
-so a call added there without its permission fails here rather than with
-AccessDenied on a real account.
+The calls are read from clusters/providers/kubernetes/aws_node_groups.py
+itself (`self.<client>.<op>(` and paginators), named as IAM names them
+through botocore's service models, so a call added there without its
+permission fails here rather than with AccessDenied on a real account.
 """
 
 import json
@@ -15,7 +15,7 @@ import boto3
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICY = ROOT / "deploy" / "overlays" / "eks" / "control-plane-iam-policy.json"
-ADAPTER = ROOT / "clusters" / "providers" / "aws.py"
+ADAPTER = ROOT / "clusters" / "providers" / "kubernetes" / "aws_node_groups.py"
 # SQS authorises a batch call by its single call's action.
 BATCHED = {"sqs:ChangeMessageVisibilityBatch": "sqs:ChangeMessageVisibility",
            "sqs:DeleteMessageBatch": "sqs:DeleteMessage"}

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from clusters.models import Cluster, NodePool
 from clusters.providers import get_provider
 from clusters.reconcile import reconcile_cluster_unlocked
 from jobs.models import JobAttempt, Quota, Team, TrainingJob
+from tests.support.waiting import eventually
 
 TRAINER = {
     "model": "nano", "batch_size": 2, "warmup_steps": 2, "log_every_steps": 5,
@@ -86,13 +86,11 @@ class Fleet:
         return get_provider(cluster)
 
     def wait(self, what: str, predicate, timeout: float = 120.0, job=None):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = predicate()
-            if value:
-                return value
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}\n{self.story(job)}")
+        """`eventually`, telling the job's story when it fails."""
+        try:
+            return eventually(predicate, timeout=timeout, interval=0.2, what=what)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.story(job)}") from None
 
     def story(self, job) -> str:
         if job is None:

@@ -10,11 +10,6 @@ from jobs.models import AttemptNode, GoodputEntry, JobAttempt, RankStatus
 from tests.api_factories import make_attempt, make_checkpoint, make_job
 
 
-@pytest.fixture
-def job(team, cluster, owner):
-    return make_job(team, cluster, owner)
-
-
 def test_events_are_the_timeline_oldest_first(api, owner, job):
     job.record("Submitted", actor="user:olivia")
     job.record("Queued", message="needs 2 GPUs")

@@ -6,17 +6,12 @@ import pytest
 from clusters.models import Node, NodeEvent
 from controlplane.lib.errors import IllegalTransition
 from jobs.models import JobAttempt, JobEvent, Phase, TrainingJob
-from tests.api_factories import make_attempt, make_job
+from tests.api_factories import make_attempt
 
 LEGAL = [(source, target) for target, sources in TrainingJob.TRANSITIONS.items()
          for source in sorted(sources)]
 ILLEGAL = [(source, target) for target, sources in TrainingJob.TRANSITIONS.items()
            for source in Phase.values if source not in sources and source != target]
-
-
-@pytest.fixture
-def job(team, cluster):
-    return make_job(team, cluster)
 
 
 @pytest.mark.parametrize(("source", "target"), LEGAL)

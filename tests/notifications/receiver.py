@@ -37,7 +37,7 @@ class Receiver:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 owner.received.append(Received(self.path, dict(self.headers.items()), body))
                 code = owner.codes[min(len(owner.received), len(owner.codes)) - 1]
-                if owner.delay_s:
+                if owner.delay_s:  # a slow receiver on purpose, not a wait
                     time.sleep(owner.delay_s)
                 self.send_response(code)
                 if owner.location:

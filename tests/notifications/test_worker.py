@@ -14,17 +14,9 @@ from notifications import payloads, signing
 from notifications.models import Delivery, Webhook
 from notifications.tasks import sweep_deliveries
 from tests.api_factories import make_job
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(90)]
-
-
-def wait_for(predicate, seconds=30.0):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_a_committed_failure_reaches_the_receiver_through_a_real_worker(
@@ -33,7 +25,8 @@ def test_a_committed_failure_reaches_the_receiver_through_a_real_worker(
     job = make_job(team, cluster, owner, phase="running")
     with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
         job.transition(Phase.FAILED, reason="Failed", message="boom", now=timezone.now())
-        assert wait_for(lambda: Delivery.objects.filter(status="succeeded").exists())
+        eventually(lambda: Delivery.objects.filter(status="succeeded").exists(), timeout=30,
+                   interval=0.1, what="a delivery succeeded")
     [got] = receiver.received
     assert signing.verify(webhook.secret, got.headers, got.body, now=time.time())
     assert got.body == payloads.body(Delivery.objects.get().payload)
@@ -47,5 +40,6 @@ def test_a_delivery_whose_task_was_lost_is_sent_by_the_sweep(team, receiver, loo
                                    next_attempt_at=timezone.now())
     with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
         sweep_deliveries.delay()
-        assert wait_for(lambda: Delivery.objects.get(pk=lost.pk).status == "succeeded")
+        eventually(lambda: Delivery.objects.get(pk=lost.pk).status == "succeeded", timeout=30,
+                   interval=0.1, what="the lost delivery succeeded")
     assert len(receiver.received) == 1

@@ -10,6 +10,6 @@ from controlplane.celery import app
 @app.task(name="tests.support.broker_tasks.hold", acks_late=True)
 def hold(folder: str, tag: str, seconds: float) -> None:
     Path(folder, f"{tag}.started").touch()
-    time.sleep(seconds)
+    time.sleep(seconds)  # a task that runs a while, on purpose
     with open(Path(folder, f"{tag}.done"), "a") as done:
         done.write("ran\n")

@@ -22,7 +22,7 @@ def main(argv: list[str]) -> None:
         if point != wanted or marker.exists():
             return
         marker.write_text("paused")
-        while True:  # until the test kills this worker
+        while True:  # a pause, not a wait: until the test kills this worker
             time.sleep(60)
 
     wanted = point

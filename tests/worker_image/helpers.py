@@ -13,6 +13,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from tests.support.waiting import eventually
+
 VENV_BIN = Path(sys.executable).parent
 TORCHRUN = str(VENV_BIN / "torchrun")
 
@@ -69,14 +71,21 @@ class Run:
         return [p for p in descendants(self.proc.pid) if _is_rank(p)]
 
     def wait_for(self, predicate, timeout: float = 60, what: str = "condition") -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """Until `predicate` holds; a run that exits first fails at once. Either
+        failure carries the run's log."""
+        def holds() -> bool:
             if predicate():
-                return
+                return True
             if self.proc.poll() is not None:
-                raise AssertionError(f"run exited before {what}:\n{self.log()[-3000:]}")
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what}:\n{self.log()[-3000:]}")
+                raise RunExited(f"run exited before {what}:\n{self.log()[-3000:]}")
+            return False
+
+        try:
+            eventually(holds, timeout=timeout, interval=0.05, what=what)
+        except RunExited:
+            raise
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}:\n{self.log()[-3000:]}") from None
 
     def kill(self) -> None:
         for pid in [self.proc.pid, *descendants(self.proc.pid)]:
@@ -88,6 +97,10 @@ class Run:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
+
+
+class RunExited(AssertionError):
+    """The run ended before what a test waited for."""
 
 
 def _is_rank(pid: int) -> bool:
@@ -158,7 +171,7 @@ class ControlPlane:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
-                if plane.delay_s:
+                if plane.delay_s:  # a slow server on purpose, not a wait
                     time.sleep(plane.delay_s)
                 kind = self.path.rstrip("/").rsplit("/", 1)[1]
                 record = {"path": self.path, "kind": kind, "body": body,

@@ -5,10 +5,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
+from pathlib import Path
 
 import pytest
 from regatta.storage import open_storage
+
+from tests.support.waiting import eventually
+
+from .helpers import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -77,8 +81,6 @@ def test_a_rejected_config_exits_85_and_names_the_keys(tmp_path):
 
 def _lone_rank(env_extra: dict, tmp_path) -> subprocess.Popen:
     """Rank 0 of a 2-rank gang whose rank 1 never comes: it waits in rendezvous."""
-    from .helpers import free_port
-
     env = {k: v for k, v in os.environ.items() if not k.startswith("REGATTA_")}
     env.update({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": str(free_port()), "REGATTA_STATUS_DIR": str(tmp_path / "status"),
@@ -86,6 +88,17 @@ def _lone_rank(env_extra: dict, tmp_path) -> subprocess.Popen:
                 **env_extra})
     return subprocess.Popen([sys.executable, "-m", "trainer"], env=env, cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def listening(port: int) -> bool:
+    """Whether a socket listens on `port` of this machine (read from /proc,
+    without connecting to it)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            if int(local.rsplit(":", 1)[1], 16) == port and state == "0A":  # LISTEN
+                return True
+    return False
 
 
 def test_a_config_the_corpus_cannot_feed_exits_85_before_rendezvous(tmp_path):
@@ -102,16 +115,18 @@ def test_a_config_the_corpus_cannot_feed_exits_85_before_rendezvous(tmp_path):
 
 def test_sigterm_during_rendezvous_exits_83_with_a_status_and_a_report(tmp_path,
                                                                       control_plane):
-    proc = _lone_rank({"REGATTA_CONFIG": json.dumps({"model": "nano"}),
+    port = free_port()
+    proc = _lone_rank({"REGATTA_CONFIG": json.dumps({"model": "nano"}), "MASTER_PORT": str(port),
                        **control_plane.env(attempt=9)}, tmp_path)
     log = []
     for line in proc.stdout:
         log.append(line)
         if "joining the process group" in line:
             break
-    # Past the log line the main thread is inside init_process_group (C++),
-    # where a plain Python signal handler would not run until a peer came.
-    time.sleep(1.0)
+    # Once rank 0's TCPStore listens, its main thread is inside the store's
+    # constructor (C++), waiting for rank 1, where a plain Python signal
+    # handler would not run until a peer came.
+    eventually(lambda: listening(port), timeout=60, what="rank 0's store listening")
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=30)
 

@@ -10,11 +10,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from regatta.storage import open_storage
+
+from tests.support.waiting import eventually
 
 from .helpers import TORCHRUN, free_port
 
@@ -119,10 +120,11 @@ def test_sigterm_gives_an_emergency_checkpoint_exit_83_and_a_rerun_resumes_from_
     ckpt = tmp_path / "ckpt"
     store = open_storage(str(ckpt))
     job = Job(tmp_path, framework, "drained", ckpt, steps=5000, sleep=0.05, every=3)
-    deadline = time.monotonic() + 60
-    while not store.is_committed(3) and time.monotonic() < deadline and job.proc.poll() is None:
-        time.sleep(0.05)
-    assert store.is_committed(3), job.log()[-3000:]
+    try:
+        eventually(lambda: store.is_committed(3) or job.proc.poll() is not None, timeout=60,
+                   interval=0.05, what="step 3 committed")
+    finally:  # whether the run ended or hung, its log says why
+        assert store.is_committed(3), job.log()[-3000:]
     job.proc.send_signal(signal.SIGTERM)  # a drain: torchrun passes it to every rank
     job.wait()
 

@@ -10,16 +10,9 @@ import time
 import pytest
 from regatta.reporting import Reporter
 
+from tests.support.waiting import eventually
+
 pytestmark = [pytest.mark.timeout(60)]
-
-
-def wait_until(predicate, timeout=20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError("timed out")
 
 
 def reporter_for(plane, **kwargs) -> Reporter:
@@ -64,7 +57,7 @@ def test_points_are_sent_once_in_order_and_a_retried_batch_never_changes(control
             else:
                 reporter.event("tick", "", {"seq": produced["events"]})
             produced[kind] += 1
-            # Events are rarer: a few dozen, still past their bound.
+            # A pace, not a wait. Events are rarer: a few dozen, still past their bound.
             time.sleep(0.0002 if kind == "metrics" else 0.08)
 
     threads = [threading.Thread(target=train, args=(kind, 2.0)) for kind in produced]
@@ -73,7 +66,7 @@ def test_points_are_sent_once_in_order_and_a_retried_batch_never_changes(control
     for t in threads:
         t.join()
     try:
-        wait_until(lambda: reporter.pending() == 0)
+        eventually(lambda: reporter.pending() == 0, timeout=20, what="everything sent")
     finally:
         reporter.close()
 
@@ -110,7 +103,7 @@ def test_a_queue_the_thread_cannot_spill_in_time_drops_events_first_and_says_how
 
     reporter.start()
     try:
-        wait_until(lambda: drop_reports(control_plane))
+        eventually(lambda: drop_reports(control_plane), timeout=20, what="the drop reported")
     finally:
         reporter.close()
 

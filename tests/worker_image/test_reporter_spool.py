@@ -11,16 +11,9 @@ import pytest
 from regatta.reporting import Reporter
 from regatta.spool import FORMAT, storage_handoff
 
+from tests.support.waiting import eventually
+
 pytestmark = [pytest.mark.timeout(60)]
-
-
-def wait_until(predicate, timeout=20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError("timed out")
 
 
 def down_until_up(plane) -> dict:
@@ -35,7 +28,7 @@ def reporter_for(plane, **kwargs) -> Reporter:
 
 
 def produce(reporter, steps: range, pause_every=50, ticks=True) -> None:
-    # A training loop's pace: the reporting thread gets to run between steps.
+    # A training loop's pace (not a wait): the reporting thread gets to run between steps.
     for step in steps:
         reporter.metric("loss", step, float(step))
         if step % pause_every == 0:
@@ -56,11 +49,11 @@ def test_while_the_control_plane_is_down_the_overflow_waits_on_disk_then_arrives
     reporter.start()
     try:
         produce(reporter, range(3000))
-        wait_until(lambda: reporter.metrics.spooled > 2000)
+        eventually(lambda: reporter.metrics.spooled > 2000, timeout=20, what="2000 spooled")
         # Memory holds at most its bound (plus what arrived since the last spill).
         assert len(reporter.metrics.memory) <= 200 and reporter.urgent.spooled > 0
         web["up"] = True
-        wait_until(lambda: reporter.pending() == 0, timeout=40)
+        eventually(lambda: reporter.pending() == 0, timeout=40, what="everything sent")
     finally:
         reporter.close()
 
@@ -76,10 +69,11 @@ def test_past_the_disk_bound_the_oldest_go_and_the_loss_is_reported(control_plan
     reporter.start()
     try:
         produce(reporter, range(3000), pause_every=25)
-        wait_until(lambda: reporter.dropped["metrics"] > 0)
+        eventually(lambda: reporter.dropped["metrics"] > 0, timeout=20, what="a drop")
         web["up"] = True
-        wait_until(lambda: reporter.pending() == 0 and any(
-            r["body"]["kind"] == "reports_dropped" for r in control_plane.of_kind("events", True)))
+        eventually(lambda: reporter.pending() == 0 and any(
+            r["body"]["kind"] == "reports_dropped" for r in control_plane.of_kind("events", True)),
+            timeout=20, what="everything sent, the drop reported")
     finally:
         reporter.close()
 
@@ -103,7 +97,7 @@ def test_at_close_what_is_undelivered_is_handed_off_to_the_jobs_storage_once(
     produce(reporter, range(1000), ticks=False)
     reporter.checkpoint({"step": 999, "uri": f"file://{storage}/step-999"})
     reporter.event("finished", "finished at step 999", {"step": 999})
-    wait_until(lambda: reporter.metrics.spooled > 0)
+    eventually(lambda: reporter.metrics.spooled > 0, timeout=20, what="a spill")
     spool_folder = reporter.metrics._folder
     started = time.monotonic()
     reporter.close(timeout_s=1.0)
@@ -165,10 +159,12 @@ def test_after_an_outage_the_rank_is_heard_from_within_one_heartbeat_interval(co
                         heartbeat_interval_s=1.0, job_id="3")
     reporter.start()
     try:
+        # Not a wait: the outage must last long enough for the backoff to grow.
         time.sleep(8.0)  # the web is away
         web["up"] = True
         back = time.time()
-        wait_until(lambda: control_plane.of_kind("heartbeat", accepted_only=True))
+        eventually(lambda: control_plane.of_kind("heartbeat", accepted_only=True), timeout=20,
+                   what="a heartbeat accepted")
     finally:
         reporter.close()
 

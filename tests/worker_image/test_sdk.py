@@ -7,11 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 from regatta.storage import open_storage
+
+from tests.support.waiting import eventually
 
 from .helpers import TORCHRUN, descendants, flat_tensors, free_port, load_checkpoint
 
@@ -59,9 +60,7 @@ def test_alone_it_saves_and_resumes_bitwise_identically_after_sigkill(tmp_path):
     ckpt = tmp_path / "ckpt"
     store = open_storage(str(ckpt))
     killed = Program(tmp_path, "killed", ckpt, sleep=0.3)
-    deadline = time.monotonic() + 90
-    while not store.is_committed(6) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    eventually(lambda: store.is_committed(6), timeout=90, interval=0.1, what="step 6 committed")
     ranks = [p for p in descendants(killed.proc.pid)
              if b"sdk_program" in open(f"/proc/{p}/cmdline", "rb").read()]
     os.kill(max(ranks), signal.SIGKILL)
@@ -188,9 +187,7 @@ def test_sigterm_gives_an_emergency_checkpoint_on_every_rank_and_exit_83(tmp_pat
     ckpt = tmp_path / "ckpt"
     store = open_storage(str(ckpt))
     run = Program(tmp_path, "drained", ckpt, steps=5000, sleep=0.05)
-    deadline = time.monotonic() + 90
-    while not store.is_committed(3) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    eventually(lambda: store.is_committed(3), timeout=90, interval=0.05, what="step 3 committed")
     run.proc.send_signal(signal.SIGTERM)  # a drain: torchrun passes it to every rank
     run.wait()
 

@@ -83,9 +83,9 @@ class KubernetesProvider:
     @classmethod
     def for_cluster(cls, name: str, settings: KubeSettings) -> KubernetesProvider:
         def aws():
-            from ..aws import AwsProvider  # boto3 only for clusters that replace through AWS
+            from .aws_node_groups import AwsNodeGroups  # boto3 only for AWS-backed pools
 
-            return AwsProvider.for_settings(settings)
+            return AwsNodeGroups.for_settings(settings)
 
         return cls(api_client_for(settings), settings, aws_factory=aws)
 

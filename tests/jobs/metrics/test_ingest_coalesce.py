@@ -8,7 +8,6 @@ behind it; which batches shared a statement is read from the rows' `xmin`
 """
 
 import threading
-import time
 
 import psycopg
 import pytest
@@ -18,6 +17,7 @@ from django.db import connection
 from jobs.metrics import ingest
 from jobs.models import MetricPoint, MetricRollup
 from tests.api_factories import make_attempt, make_job
+from tests.support.waiting import eventually
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -47,11 +47,25 @@ class Held:
     def __enter__(self):
         self.conn = other_connection()
         self.conn.execute("LOCK TABLE jobs_metricname IN EXCLUSIVE MODE")
+        self.watcher = other_connection(autocommit=True)
         return self
 
+    def waited_on(self) -> bool:
+        return waiting_on_a_lock(self.watcher)
+
     def __exit__(self, *exc):
+        self.watcher.close()
         self.conn.rollback()
         self.conn.close()
+
+
+def waiting_on_a_lock(watcher: psycopg.Connection) -> bool:
+    """Whether a statement on the test database waits on a lock now. The
+    watcher is in autocommit: in a transaction, pg_stat_activity would be
+    read once and not again."""
+    return watcher.execute(
+        "SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
+        " AND wait_event_type = 'Lock'").fetchone() is not None
 
 
 def send_all(batches, results, errors):
@@ -71,10 +85,14 @@ def send_all(batches, results, errors):
 
 
 def wait_queued(count):
-    deadline = time.monotonic() + 30
-    while len(ingest._coalescer._queue) < count:
-        assert time.monotonic() < deadline, "the batches never queued"
-        time.sleep(0.01)
+    eventually(lambda: len(ingest._coalescer._queue) >= count, timeout=30, interval=0.01,
+               what="the batches queued")
+
+
+def wait_first_held(held):
+    """Until the first batch's statement waits on the held lock: batches sent
+    from then on queue behind it rather than joining it."""
+    eventually(held.waited_on, timeout=30, what="the first batch's statement on the lock")
 
 
 def writers(attempt) -> set:
@@ -87,9 +105,9 @@ def writers(attempt) -> set:
 
 def test_batches_queued_behind_a_statement_share_the_next_one(attempts):
     results, errors = {}, {}
-    with Held():
+    with Held() as held:
         first = send_all([("first", attempts[0], rows())], results, errors)
-        time.sleep(0.3)  # the first batch's statement is now waiting on the lock
+        wait_first_held(held)
         rest = send_all([(i, a, rows()) for i, a in enumerate(attempts[1:])], results, errors)
         wait_queued(5)
     for thread in first + rest:
@@ -108,9 +126,9 @@ def test_batches_queued_behind_a_statement_share_the_next_one(attempts):
 
 def test_a_retry_queued_beside_its_original_is_stored_once(attempts):
     results, errors = {}, {}
-    with Held():
+    with Held() as held:
         first = send_all([("first", attempts[0], rows(step=100))], results, errors)
-        time.sleep(0.3)
+        wait_first_held(held)
         rest = send_all([("a", attempts[1], rows()), ("b", attempts[1], rows()),
                          ("c", attempts[2], rows())], results, errors)
         wait_queued(3)
@@ -130,9 +148,9 @@ def test_a_batch_whose_attempt_is_gone_is_refused_alone(attempts):
     gone_id = gone.pk
     gone.job.delete()  # its batch arrives after its attempt is gone
     results, errors = {}, {}
-    with Held():
+    with Held() as held:
         first = send_all([("first", attempts[0], rows())], results, errors)
-        time.sleep(0.3)
+        wait_first_held(held)
         rest = send_all([("ok", attempts[1], rows()), ("gone", gone, rows()),
                          ("also ok", attempts[2], rows())], results, errors)
         wait_queued(3)
@@ -177,12 +195,11 @@ def test_deleting_a_job_waits_for_a_batch_in_flight_and_deletes_its_points(attem
 
         deleter = threading.Thread(target=delete)
         deleter.start()
-        deadline = time.monotonic() + 30
-        while not watcher.execute(
-                "SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
-                " AND wait_event_type = 'Lock'").fetchone():
-            assert time.monotonic() < deadline and deleter.is_alive(), outcome
-            time.sleep(0.02)
+        def deletion_waits():
+            assert deleter.is_alive(), outcome
+            return waiting_on_a_lock(watcher)
+
+        eventually(deletion_waits, timeout=30, what="the deletion waiting on the batch's lock")
         writer.commit()
         deleter.join(timeout=60)
     assert outcome == {"ok": True}

@@ -7,23 +7,14 @@ and is not found for another team."""
 
 import gzip
 import json
-import time
 
 import pytest
 
 from jobs.models import ProfileTrace
 from tests.api_factories import make_attempt, make_job
 from tests.conftest import client_for
+from tests.support.waiting import eventually
 from tests.worker_image.test_sdk import Program
-
-
-def wait_for(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 @pytest.mark.slow
@@ -44,7 +35,8 @@ def test_a_profile_yields_a_trace_per_rank_downloadable_only_by_the_team(
     run = Program(tmp_path, "live", ckpt, steps=40, sleep=0.05, every=0, env=env).wait()
 
     assert run.exit_codes() == {0: 0, 1: 0}, run.log()[-3000:]
-    assert wait_for(lambda: ProfileTrace.objects.filter(job=job).count() == 2, 20)
+    eventually(lambda: ProfileTrace.objects.filter(job=job).count() == 2, timeout=20,
+               interval=0.2, what="a trace per rank")
     listing = client_for(owner).get(f"/api/v1/jobs/{job.pk}/profiles/").json()["results"]
     assert sorted(t["rank"] for t in listing) == [0, 1]
     assert {(t["request_id"], t["steps"]) for t in listing} == {(asked.json()["request_id"], 3)}

@@ -21,7 +21,6 @@ from tests.fleet_helpers import (
     provider_of,
     report_not_ready,
     running_job,
-    team_with_quota,
     write_checkpoint,
 )
 
@@ -33,16 +32,11 @@ def mem_cluster(db):
     return memory_cluster(heartbeat_deadline_s=10.0, spot_checkpoint_wait_s=30.0)
 
 
-@pytest.fixture
-def team(mem_cluster):
-    return team_with_quota(mem_cluster)
-
-
 
 def test_it_replaces_a_node_whose_ranks_were_killed_and_resumes_from_the_checkpoint(
-        mem_cluster, team):
+        mem_cluster, mem_team):
     now = timezone.now()
-    job, attempt = running_job(mem_cluster, team, now)
+    job, attempt = running_job(mem_cluster, mem_team, now)
     write_checkpoint(job, 10, attempt, created_at=later(now, 5))
     heartbeat(attempt, 14, later(now, 8))
     bad, good = nodes_of(attempt)
@@ -93,11 +87,11 @@ def test_it_replaces_a_node_whose_ranks_were_killed_and_resumes_from_the_checkpo
 
 
 def test_a_killed_node_shows_failure_cordon_replacement_and_resume_on_the_timeline(
-        mem_cluster, team):
+        mem_cluster, mem_team):
     """The README's "kill a node": the cluster pass sees the node not ready
     (ready → failed) and records its "lost" event before the job looks."""
     now = timezone.now()
-    job, attempt = running_job(mem_cluster, team, now)
+    job, attempt = running_job(mem_cluster, mem_team, now)
     write_checkpoint(job, 5, attempt, created_at=later(now, 3))
     heartbeat(attempt, 7, later(now, 4))
     bad, good = nodes_of(attempt)
@@ -135,9 +129,10 @@ def test_a_killed_node_shows_failure_cordon_replacement_and_resume_on_the_timeli
     assert {n.name for n in nodes_of(job.attempts.get(number=2))} == {good.name, spare.name}
 
 
-def test_a_lost_event_the_job_sees_before_its_exits_is_handled_by_the_recovery(mem_cluster, team):
+def test_a_lost_event_the_job_sees_before_its_exits_is_handled_by_the_recovery(mem_cluster,
+                                                                                mem_team):
     now = timezone.now()
-    job, attempt = running_job(mem_cluster, team, now)
+    job, attempt = running_job(mem_cluster, mem_team, now)
     bad = nodes_of(attempt)[0]
     lose_node(mem_cluster, bad)  # the ranks on it are not seen dead yet
     reconcile_cluster_unlocked(mem_cluster.id, later(now, 2))
@@ -152,9 +147,9 @@ def test_a_lost_event_the_job_sees_before_its_exits_is_handled_by_the_recovery(m
         "NodeFailed", "NodeCordoned", "NodeReplaced", "Restarting"]
 
 
-def test_a_node_already_out_of_service_says_why_on_the_timeline(mem_cluster, team):
+def test_a_node_already_out_of_service_says_why_on_the_timeline(mem_cluster, mem_team):
     now = timezone.now()
-    job, attempt = running_job(mem_cluster, team, now)
+    job, attempt = running_job(mem_cluster, mem_team, now)
     bad = nodes_of(attempt)[0]
     bad.cordon("cordoned by opal: flaky fan", actor="user:opal", now=later(now, 2))
     provider_of(mem_cluster).exit_node(attempt.provider_ref, bad.name, signal=9)
@@ -169,9 +164,9 @@ def test_a_node_already_out_of_service_says_why_on_the_timeline(mem_cluster, tea
     assert bad.state == Node.State.REPLACED
 
 
-def test_a_code_error_fails_fast_without_spending_the_hardware_budget(mem_cluster, team):
+def test_a_code_error_fails_fast_without_spending_the_hardware_budget(mem_cluster, mem_team):
     now = timezone.now()
-    job, attempt = running_job(mem_cluster, team, now)
+    job, attempt = running_job(mem_cluster, mem_team, now)
     node = nodes_of(attempt)[0]
     provider_of(mem_cluster).exit_node(
         attempt.provider_ref, node.name, exit_code=1,
@@ -187,9 +182,9 @@ def test_a_code_error_fails_fast_without_spending_the_hardware_budget(mem_cluste
     assert job.attempts.count() == 1
 
 
-def test_a_transient_failure_retries_with_backoff_on_the_same_nodes(mem_cluster, team):
+def test_a_transient_failure_retries_with_backoff_on_the_same_nodes(mem_cluster, mem_team):
     now = timezone.now()
-    job, attempt = running_job(mem_cluster, team, now)
+    job, attempt = running_job(mem_cluster, mem_team, now)
     first_nodes = {n.name for n in nodes_of(attempt)}
     provider = provider_of(mem_cluster)
     for node in first_nodes:
@@ -208,9 +203,9 @@ def test_a_transient_failure_retries_with_backoff_on_the_same_nodes(mem_cluster,
     assert not Node.objects.filter(cluster=mem_cluster, state="cordoned").exists()
 
 
-def test_a_transient_exit_waits_for_the_root_cause_before_it_is_classified(mem_cluster, team):
+def test_a_transient_exit_waits_for_the_root_cause_before_it_is_classified(mem_cluster, mem_team):
     now = timezone.now()
-    job, attempt = running_job(mem_cluster, team, now)
+    job, attempt = running_job(mem_cluster, mem_team, now)
     bad, good = nodes_of(attempt)
     provider = provider_of(mem_cluster)
     provider.exit_node(attempt.provider_ref, good.name, exit_code=1,
@@ -225,9 +220,9 @@ def test_a_transient_exit_waits_for_the_root_cause_before_it_is_classified(mem_c
     assert job.restart_counts == {"process": 1}
 
 
-def test_a_rank_without_an_exit_record_beside_its_peers_84_was_killed(mem_cluster, team):
+def test_a_rank_without_an_exit_record_beside_its_peers_84_was_killed(mem_cluster, mem_team):
     now = timezone.now()
-    job, attempt = running_job(mem_cluster, team, now)
+    job, attempt = running_job(mem_cluster, mem_team, now)
     bad, good = nodes_of(attempt)
     provider = provider_of(mem_cluster)
     # torchrun on `bad` exits 1: rank 1 was SIGKILLed (no record), rank 0 saw its peer go.
@@ -245,11 +240,11 @@ def test_a_rank_without_an_exit_record_beside_its_peers_84_was_killed(mem_cluste
     assert bad.state == Node.State.READY and good.state == Node.State.READY
 
 
-def test_a_spent_budget_fails_the_job_and_says_which_budget(mem_cluster, team):
+def test_a_spent_budget_fails_the_job_and_says_which_budget(mem_cluster, mem_team):
     """A lost fresh node with no health event to confirm it is
     forgiven twice; the third in a row is the job's (jobs/reconcile/budgets.py)."""
     now = timezone.now()
-    job, attempt = running_job(mem_cluster, team, now,
+    job, attempt = running_job(mem_cluster, mem_team, now,
                                restart_budgets={"hardware": 0, "code": 0, "transient": 3,
                                                 "preempted": 3, "hang": 1})
     for n in range(3):
@@ -270,9 +265,9 @@ def test_a_spent_budget_fails_the_job_and_says_which_budget(mem_cluster, team):
     assert bad.failure_count == 1
 
 
-def test_a_hung_rank_is_found_by_its_missed_heartbeats(mem_cluster, team):
+def test_a_hung_rank_is_found_by_its_missed_heartbeats(mem_cluster, mem_team):
     now = timezone.now()
-    job, attempt = running_job(mem_cluster, team, now)
+    job, attempt = running_job(mem_cluster, mem_team, now)
     bad, good = nodes_of(attempt)
     heartbeat(attempt, 8, later(now, 5), ranks=[0, 1])  # ranks 0-1 live on `bad`
     heartbeat(attempt, 8, later(now, 20), ranks=[2, 3])
@@ -294,9 +289,9 @@ def test_a_hung_rank_is_found_by_its_missed_heartbeats(mem_cluster, team):
     assert {s["rank"] for s in failed.evidence["silent"]} == {0, 1}
 
 
-def test_a_critical_health_event_on_a_node_replaces_it(mem_cluster, team):
+def test_a_critical_health_event_on_a_node_replaces_it(mem_cluster, mem_team):
     now = timezone.now()
-    job, attempt = running_job(mem_cluster, team, now)
+    job, attempt = running_job(mem_cluster, mem_team, now)
     bad = nodes_of(attempt)[1]
     event = NodeHealthEvent.objects.create(node=bad, kind="xid", severity="critical",
                                            message="XID 79: GPU fell off the bus")
@@ -310,9 +305,9 @@ def test_a_critical_health_event_on_a_node_replaces_it(mem_cluster, team):
     assert bad.state == Node.State.REPLACED
 
 
-def test_a_spot_notice_takes_an_emergency_checkpoint_before_the_drain(mem_cluster, team):
+def test_a_spot_notice_takes_an_emergency_checkpoint_before_the_drain(mem_cluster, mem_team):
     now = timezone.now()
-    job, attempt = running_job(mem_cluster, team, now)
+    job, attempt = running_job(mem_cluster, mem_team, now)
     spot = nodes_of(attempt)[0]
     NodeHealthEvent.objects.create(node=spot, kind="spot_notice", severity="critical",
                                    message="interruption in 120 s")
@@ -337,9 +332,9 @@ def test_a_spot_notice_takes_an_emergency_checkpoint_before_the_drain(mem_cluste
         "EmergencyCheckpointCommitted") < order.index("NodeDrained") < order.index("Restarting")
 
 
-def test_a_spot_notice_without_a_checkpoint_in_time_resumes_from_the_newest(mem_cluster, team):
+def test_a_spot_notice_without_a_checkpoint_in_time_resumes_from_the_newest(mem_cluster, mem_team):
     now = timezone.now()
-    job, attempt = running_job(mem_cluster, team, now)
+    job, attempt = running_job(mem_cluster, mem_team, now)
     write_checkpoint(job, 4, attempt, created_at=later(now, 1))
     spot = nodes_of(attempt)[0]
     NodeHealthEvent.objects.create(node=spot, kind="spot_notice", severity="critical",
@@ -352,11 +347,11 @@ def test_a_spot_notice_without_a_checkpoint_in_time_resumes_from_the_newest(mem_
     assert job.attempts.get(number=2).resume_step == 4
 
 
-def test_the_emergency_checkpoint_wait_ends_before_the_notice_s_own_deadline(mem_cluster, team):
+def test_the_emergency_checkpoint_wait_ends_before_the_notice_s_own_deadline(mem_cluster, mem_team):
     """spot_checkpoint_wait_s is 30 s; the machine goes 20 s after the notice
     is acted on, and stopping the gang needs its 10 s margin: wait 10 s."""
     now = timezone.now()
-    job, attempt = running_job(mem_cluster, team, now)
+    job, attempt = running_job(mem_cluster, mem_team, now)
     write_checkpoint(job, 4, attempt, created_at=later(now, 1))
     spot = nodes_of(attempt)[0]
     NodeHealthEvent.objects.create(
@@ -379,9 +374,9 @@ def test_the_emergency_checkpoint_wait_ends_before_the_notice_s_own_deadline(mem
     assert ("drain", spot.name) in provider_of(mem_cluster).fleet.calls
 
 
-def test_an_ec2_warning_s_deadline_is_two_minutes_after_it_was_sent(mem_cluster, team):
+def test_an_ec2_warning_s_deadline_is_two_minutes_after_it_was_sent(mem_cluster, mem_team):
     now = timezone.now()
-    job, attempt = running_job(mem_cluster, team, now)
+    job, attempt = running_job(mem_cluster, mem_team, now)
     spot = nodes_of(attempt)[0]
     sent = later(now, -115)  # the warning sat in the queue: 5 s of its 120 are left
     NodeHealthEvent.objects.create(
@@ -397,9 +392,9 @@ def test_an_ec2_warning_s_deadline_is_two_minutes_after_it_was_sent(mem_cluster,
     assert job.restart_counts == {"preempted": 1}
 
 
-def test_a_corrupt_checkpoint_is_skipped_for_the_previous_good_one(mem_cluster, team):
+def test_a_corrupt_checkpoint_is_skipped_for_the_previous_good_one(mem_cluster, mem_team):
     now = timezone.now()
-    job, attempt = running_job(mem_cluster, team, now)
+    job, attempt = running_job(mem_cluster, mem_team, now)
     write_checkpoint(job, 5, attempt, created_at=later(now, 1))
     newest = write_checkpoint(job, 10, attempt, created_at=later(now, 2))
     shard = next(Path(newest.uri.removeprefix("file://")).glob("*.distcp"))
@@ -412,9 +407,9 @@ def test_a_corrupt_checkpoint_is_skipped_for_the_previous_good_one(mem_cluster, 
     assert "CheckpointCorrupt" in kinds(job)
 
 
-def test_a_person_s_restart_from_step_is_honoured_once(mem_cluster, team):
+def test_a_person_s_restart_from_step_is_honoured_once(mem_cluster, mem_team):
     now = timezone.now()
-    job, attempt = running_job(mem_cluster, team, now)
+    job, attempt = running_job(mem_cluster, mem_team, now)
     write_checkpoint(job, 4, attempt, created_at=later(now, 1))
     write_checkpoint(job, 8, attempt, created_at=later(now, 2))
     job.request_restart(4, "olivia", now=later(now, 3))
@@ -435,9 +430,9 @@ def test_a_person_s_restart_from_step_is_honoured_once(mem_cluster, team):
 
 
 def test_the_old_gangs_late_checkpoint_past_a_restart_point_is_abandoned_never_offered(
-        mem_cluster, team, api, admin_user_):
+        mem_cluster, mem_team, api, admin_user_):
     now = timezone.now()
-    job, attempt = running_job(mem_cluster, team, now)
+    job, attempt = running_job(mem_cluster, mem_team, now)
     token = attempt.issue_token()
     write_checkpoint(job, 4, attempt, created_at=later(now, 1))
     job.request_restart(4, "olivia", now=later(now, 2))
@@ -461,10 +456,10 @@ def test_the_old_gangs_late_checkpoint_past_a_restart_point_is_abandoned_never_o
 
 
 def test_ranks_that_exit_83_after_an_emergency_checkpoint_are_preempted_not_failed(
-    mem_cluster, team
+    mem_cluster, mem_team
 ):
     now = timezone.now()
-    job, attempt = running_job(mem_cluster, team, now)
+    job, attempt = running_job(mem_cluster, mem_team, now)
     provider = provider_of(mem_cluster)
     for i, node in enumerate(nodes_of(attempt)):
         provider.exit_node(attempt.provider_ref, node.name, exit_code=83,

@@ -20,7 +20,6 @@ from tests.fleet_helpers import (
     memory_cluster,
     provider_of,
     submit,
-    team_with_quota,
     write_checkpoint,
 )
 
@@ -30,11 +29,6 @@ pytestmark = pytest.mark.usefixtures("fleet_dirs")
 @pytest.fixture
 def mem_cluster(db):
     return memory_cluster()
-
-
-@pytest.fixture
-def team(mem_cluster):
-    return team_with_quota(mem_cluster)
 
 
 def ran_to_the_end(mem_cluster, job, now, final=True):
@@ -51,8 +45,8 @@ def ran_to_the_end(mem_cluster, job, now, final=True):
     return attempt
 
 
-def test_ranks_that_exit_0_without_the_final_checkpoint_do_not_succeed(mem_cluster, team):
-    job = submit(mem_cluster, team)
+def test_ranks_that_exit_0_without_the_final_checkpoint_do_not_succeed(mem_cluster, mem_team):
+    job = submit(mem_cluster, mem_team)
     now = timezone.now()
     attempt = ran_to_the_end(mem_cluster, job, now, final=False)
     reconcile_job_unlocked(job.id, later(now, 10))
@@ -90,8 +84,8 @@ def test_ranks_that_exit_0_without_the_final_checkpoint_do_not_succeed(mem_clust
 
 
 def test_a_corrupt_final_checkpoint_is_never_exported_in_place_of_the_final_model(
-        mem_cluster, team):
-    job = submit(mem_cluster, team)
+        mem_cluster, mem_team):
+    job = submit(mem_cluster, mem_team)
     now = timezone.now()
     ran_to_the_end(mem_cluster, job, now)
     final = Checkpoint.objects.get(job=job, step=20)
@@ -115,8 +109,8 @@ def test_a_corrupt_final_checkpoint_is_never_exported_in_place_of_the_final_mode
 
 
 def test_a_final_checkpoint_that_never_comes_fails_the_job_once_the_budget_is_spent(
-        mem_cluster, team):
-    job = submit(mem_cluster, team, restart_budgets={"code": 0, "transient": 0, "hardware": 5,
+        mem_cluster, mem_team):
+    job = submit(mem_cluster, mem_team, restart_budgets={"code": 0, "transient": 0, "hardware": 5,
                                                  "preempted": 10, "hang": 3})
     now = timezone.now()
     ran_to_the_end(mem_cluster, job, now, final=False)
@@ -129,8 +123,8 @@ def test_a_final_checkpoint_that_never_comes_fails_the_job_once_the_budget_is_sp
     assert kinds(job)[-3:] == ["FinalCheckpointMissing", "Failed", "NodesReleased"]
 
 
-def test_it_succeeds_with_the_final_step_s_checkpoint_exported(mem_cluster, team):
-    job = submit(mem_cluster, team)
+def test_it_succeeds_with_the_final_step_s_checkpoint_exported(mem_cluster, mem_team):
+    job = submit(mem_cluster, mem_team)
     now = timezone.now()
     ran_to_the_end(mem_cluster, job, now)
     reconcile_job_unlocked(job.id, later(now, 10))
@@ -141,11 +135,11 @@ def test_it_succeeds_with_the_final_step_s_checkpoint_exported(mem_cluster, team
     assert exported.evidence["step"] == 20
 
 
-def test_ranks_that_finished_long_before_the_pass_succeed_not_hang(mem_cluster, team):
+def test_ranks_that_finished_long_before_the_pass_succeed_not_hang(mem_cluster, mem_team):
     """The chaos run's "finished attempt read as a hang": the worker holding
     the job's reconcile was killed as the ranks exited 0, and the next pass
     came after the heartbeat deadline (the lock's lifetime)."""
-    job = submit(mem_cluster, team)
+    job = submit(mem_cluster, mem_team)
     now = timezone.now()
     ran_to_the_end(mem_cluster, job, now)  # last heartbeat at +9 s
     reconcile_job_unlocked(job.id, later(now, 9 + 120))  # deadline 30 s, long gone
@@ -171,8 +165,8 @@ def strip_export(job, step: int) -> None:
 
 
 def test_a_final_checkpoint_without_the_model_is_resumed_to_export_it_never_shipped_raw(
-        mem_cluster, team):
-    job = submit(mem_cluster, team)
+        mem_cluster, mem_team):
+    job = submit(mem_cluster, mem_team)
     now = timezone.now()
     ran_to_the_end(mem_cluster, job, now)
     strip_export(job, 20)

@@ -36,7 +36,7 @@ def in_thread(target):
 def test_a_lock_held_past_its_ttl_stays_with_its_holder():
     with locks.hold("test:long", ttl_s=0.3) as got:
         assert got
-        time.sleep(1.0)  # more than three TTLs
+        time.sleep(1.0)  # not a wait: the TTL must run out, three times over
         with locks.hold("test:long") as other:
             assert other is False
         locks.ensure_held()
@@ -54,6 +54,7 @@ def test_a_pass_longer_than_the_ttl_keeps_other_workers_out(db, settings):
         # The pass stops after preflight, as a long preflight check would keep it.
         def second_worker():
             pause.wait_reached()
+            # Not a wait: the TTL must run out while the pass holds the lock.
             time.sleep(0.8)  # the pass has now run well past the TTL it started with
             with locks.hold(f"job:{job.id}") as got:
                 seen.append(got)

@@ -33,19 +33,15 @@ def mem_cluster(db):
     return memory_cluster()
 
 
-@pytest.fixture
-def team(mem_cluster):
-    return team_with_quota(mem_cluster)
-
-
 def launch(job, now):
     fleet_launch(job, now)
     job.refresh_from_db()
     return job.attempts.get()
 
 
-def test_it_takes_a_job_from_pending_to_starting_with_a_launched_gang(mem_cluster, team):
-    job = submit(mem_cluster, team, hyperparameters={"model": "nano", "max_steps": 20, "lr": 0.01})
+def test_it_takes_a_job_from_pending_to_starting_with_a_launched_gang(mem_cluster, mem_team):
+    job = submit(mem_cluster, mem_team,
+                 hyperparameters={"model": "nano", "max_steps": 20, "lr": 0.01})
     now = timezone.now()
     attempt = launch(job, now)
     assert job.phase == Phase.STARTING
@@ -69,8 +65,8 @@ def test_it_takes_a_job_from_pending_to_starting_with_a_launched_gang(mem_cluste
     assert kinds(job) == ["Queued", "Admitted", "PreflightPassed", "Launched"]
 
 
-def test_every_pass_hands_an_attempt_the_same_worker_token(mem_cluster, team):
-    job = submit(mem_cluster, team)
+def test_every_pass_hands_an_attempt_the_same_worker_token(mem_cluster, mem_team):
+    job = submit(mem_cluster, mem_team)
     attempt = launch(job, timezone.now())
     held = provider_of(mem_cluster).attempt(attempt.provider_ref).request.env["REGATTA_TOKEN"]
 
@@ -86,8 +82,8 @@ def test_every_pass_hands_an_attempt_the_same_worker_token(mem_cluster, team):
     assert other.issue_token() != held
 
 
-def test_it_moves_to_running_on_the_first_heartbeat_with_a_step(mem_cluster, team):
-    job = submit(mem_cluster, team)
+def test_it_moves_to_running_on_the_first_heartbeat_with_a_step(mem_cluster, mem_team):
+    job = submit(mem_cluster, mem_team)
     now = timezone.now()
     attempt = launch(job, now)
     reconcile_job_unlocked(job.id, later(now, 1))
@@ -102,8 +98,8 @@ def test_it_moves_to_running_on_the_first_heartbeat_with_a_step(mem_cluster, tea
     assert attempt.state == JobAttempt.State.RUNNING
 
 
-def test_running_it_twice_changes_nothing_more_than_once(mem_cluster, team):
-    job = submit(mem_cluster, team)
+def test_running_it_twice_changes_nothing_more_than_once(mem_cluster, mem_team):
+    job = submit(mem_cluster, mem_team)
     now = timezone.now()
     fleet_launch(job, now)
     reconcile_job_unlocked(job.id, now)
@@ -114,8 +110,8 @@ def test_running_it_twice_changes_nothing_more_than_once(mem_cluster, team):
     assert JobEvent.objects.filter(job=job).count() == events
 
 
-def test_it_finishes_a_job_exports_the_model_and_releases_the_nodes(mem_cluster, team):
-    job = submit(mem_cluster, team)
+def test_it_finishes_a_job_exports_the_model_and_releases_the_nodes(mem_cluster, mem_team):
+    job = submit(mem_cluster, mem_team)
     now = timezone.now()
     attempt = launch(job, now)
     heartbeat(attempt, 1, later(now, 1))
@@ -140,8 +136,8 @@ def test_it_finishes_a_job_exports_the_model_and_releases_the_nodes(mem_cluster,
     assert GoodputEntry.objects.get(job=job, category="checkpoint").seconds == pytest.approx(0.05)
 
 
-def test_a_cancel_stops_the_ranks_and_releases_the_nodes(mem_cluster, team):
-    job = submit(mem_cluster, team)
+def test_a_cancel_stops_the_ranks_and_releases_the_nodes(mem_cluster, mem_team):
+    job = submit(mem_cluster, mem_team)
     now = timezone.now()
     attempt = launch(job, now)
     job.request_cancel("olivia", now=later(now, 1))
@@ -154,10 +150,11 @@ def test_a_cancel_stops_the_ranks_and_releases_the_nodes(mem_cluster, team):
     assert kinds(job)[-2:] == ["Cancelled", "NodesReleased"]
 
 
-def test_a_node_that_fails_preflight_is_cordoned_and_the_job_starts_on_another(mem_cluster, team):
+def test_a_node_that_fails_preflight_is_cordoned_and_the_job_starts_on_another(mem_cluster,
+                                                                               mem_team):
     free = list(Node.objects.filter(cluster=mem_cluster, is_spare=False).order_by("name"))
     provider_of(mem_cluster).fail_preflight(free[0].name)
-    job = submit(mem_cluster, team)
+    job = submit(mem_cluster, mem_team)
     attempt = launch(job, timezone.now())
     bad = Node.objects.get(pk=free[0].pk)
     assert bad.state == Node.State.CORDONED

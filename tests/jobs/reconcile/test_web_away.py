@@ -16,6 +16,7 @@ from tests.fleet_helpers import (
     running_job,
     team_with_quota,
 )
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("fleet_dirs")
 
@@ -77,14 +78,11 @@ def test_a_web_process_marks_while_it_lives_and_stops_when_told(broker):
     stop = receiver.start_marking()
     try:
         assert receiver.start_marking() is stop  # one marking thread a process
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+        def marked():
             known, since = receiver.listening(time.time())
-            if known and since is not None and since >= before - 1:
-                break
-            time.sleep(0.1)
-        else:
-            pytest.fail("no mark from the marking thread within 10 s")
+            return known and since is not None and since >= before - 1
+
+        eventually(marked, timeout=10, interval=0.1, what="a mark from the marking thread")
     finally:
         stop.set()
     assert receiver.listening(time.time() + 10 * receiver.GAP_S) == (True, None)
@@ -103,7 +101,5 @@ def test_importing_the_wsgi_application_starts_no_marking(broker):
 
     # A thread an earlier test stopped ends within its wait; one an import
     # started would mark for ever.
-    deadline = time.monotonic() + 2 * receiver.MARK_EVERY_S + 1
-    while marking() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not marking()
+    eventually(lambda: not marking(), timeout=2 * receiver.MARK_EVERY_S + 1, interval=0.05,
+               what="no marking thread")

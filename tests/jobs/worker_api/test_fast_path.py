@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from io import BytesIO
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -25,6 +24,7 @@ from controlplane.wsgi import application, django_application
 from jobs.models import JobAttempt, MetricPoint, RankStatus
 from jobs.worker_api.views.fast import WorkerFastPath
 from tests.api_factories import make_attempt, make_job
+from tests.support.waiting import eventually
 
 
 class Recorder:
@@ -72,16 +72,6 @@ def _call(app, path, body, token, content_type, host="testserver"):
     return answer["status"], json.loads(content) if is_json else content
 
 
-@pytest.fixture
-def job(team, cluster, owner):
-    return make_job(team, cluster, owner, phase="running", storage_uri="/tmp/ckpt")
-
-
-@pytest.fixture
-def attempt(job):
-    return make_attempt(job)
-
-
 def metrics_url(attempt):
     return f"/api/v1/worker/attempts/{attempt.pk}/metrics"
 
@@ -125,7 +115,7 @@ class TestPlainSuccessIsAnsweredAhead:
         assert sorted(MetricPoint.objects.filter(attempt=attempt).values_list(
             "rank", "step", "value")) == [(0, 1, 2.5), (0, 2, 2.25), (1, 1, 2.6)]
 
-    def test_a_heartbeat_answers_as_the_full_stack_does(self, attempt, job):
+    def test_a_heartbeat_answers_as_the_full_stack_does(self, attempt, reporting_job):
         attempt, token = attempt
         full = Recorder()
         request_id = attempt.request_checkpoint("user:olivia")
@@ -138,8 +128,8 @@ class TestPlainSuccessIsAnsweredAhead:
         rank = RankStatus.objects.get(attempt=attempt)
         assert (rank.step, rank.node_name, rank.gpu) == (10, "cpu-a-0",
                                                          {"util": 97, "mem_gb": 61.5})
-        job.refresh_from_db()
-        assert job.current_step == 10 and job.progress["tokens_per_s"] == 8192.0
+        reporting_job.refresh_from_db()
+        assert reporting_job.current_step == 10 and reporting_job.progress["tokens_per_s"] == 8192.0
 
     def test_the_served_application_is_the_fast_path(self):
         assert isinstance(application, WorkerFastPath)
@@ -193,10 +183,10 @@ def _nested(depth: int) -> dict:
 
 class TestEverythingElseIsTheFullStacks:
     def test_each_bad_request_gets_the_full_stacks_answer_and_writes_nothing(
-        self, attempt, job, owner
+        self, attempt, reporting_job, owner
     ):
         attempt, token = attempt
-        other, other_token = make_attempt(job)
+        other, other_token = make_attempt(reporting_job)
         _, person = ApiToken.issue(owner, "fast-path")
         for name, path, body, credential, content_type in _bad_metrics(
                 attempt, other, token, other_token, person):
@@ -210,17 +200,17 @@ class TestEverythingElseIsTheFullStacks:
         assert not MetricPoint.objects.exists()
         assert not RankStatus.objects.exists()
 
-    def test_an_ended_attempt_is_told_to_stop_by_the_full_stack(self, job):
-        attempt, token = make_attempt(job, state=JobAttempt.State.FAILED)
+    def test_an_ended_attempt_is_told_to_stop_by_the_full_stack(self, reporting_job):
+        attempt, token = make_attempt(reporting_job, state=JobAttempt.State.FAILED)
         full = Recorder()
         status, reply = call(WorkerFastPath(full), beat_url(attempt), beat(), token)
         assert len(full.bodies) == 1
         assert status == 403 and reply["stop"] is True
 
     @pytest.mark.django_db(transaction=True)
-    def test_a_deleted_attempts_batch_is_refused_by_the_full_stack(self, job):
+    def test_a_deleted_attempts_batch_is_refused_by_the_full_stack(self, reporting_job):
         # Committed rows: the foreign key is checked at commit.
-        attempt, token = make_attempt(job)
+        attempt, token = make_attempt(reporting_job)
         url = metrics_url(attempt)
         attempt.delete()
         full = Recorder()
@@ -287,12 +277,10 @@ def test_the_trainers_reporter_over_http_through_the_served_application(team, cl
         reporter.update_status(step=3, samples_per_s=10.0, tokens_per_s=640.0, step_time_s=0.1)
         for step in range(1, 201):
             reporter.metric("loss", step, 3.0 - step / 100)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not (
-                MetricPoint.objects.filter(attempt=attempt).count() == 200
-                and JobAttempt.objects.get(pk=attempt.pk).last_step == 3
-                and reporter.directives().get("checkpoint_request") == request_id):
-            time.sleep(0.1)
+        eventually(lambda: (MetricPoint.objects.filter(attempt=attempt).count() == 200
+                            and JobAttempt.objects.get(pk=attempt.pk).last_step == 3
+                            and reporter.directives().get("checkpoint_request") == request_id),
+                   timeout=20, interval=0.1, what="the points, the status and the directive")
     finally:
         reporter.close()
         server.shutdown()

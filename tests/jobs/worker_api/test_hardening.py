@@ -14,13 +14,14 @@ from tests.api_factories import make_attempt, make_job, worker_client
 
 
 @pytest.fixture
-def job(team, cluster, owner):
+def job_9(team, cluster, owner):
+    """Running; its own folder, /data/ckpt/vision/job-9, is what the URIs below are judged by."""
     return make_job(team, cluster, owner, phase="running", storage_uri="/data/ckpt/vision/job-9")
 
 
 @pytest.fixture
-def attempt(job):
-    return make_attempt(job)
+def attempt_9(job_9):
+    return make_attempt(job_9)
 
 
 def post(attempt_token, endpoint, body):
@@ -50,19 +51,19 @@ def event(job, **extra):
             "job_id": str(job.pk), **extra}
 
 
-def test_every_field_the_trainer_sends_is_accepted(attempt, job):
-    assert post(attempt, "heartbeat", heartbeat(job)).status_code == 200
-    assert post(attempt, "metrics", metrics(job)).status_code == 200
-    assert post(attempt, "checkpoints", checkpoint(job)).status_code == 201
-    assert post(attempt, "events", event(job)).status_code == 201
+def test_every_field_the_trainer_sends_is_accepted(attempt_9, job_9):
+    assert post(attempt_9, "heartbeat", heartbeat(job_9)).status_code == 200
+    assert post(attempt_9, "metrics", metrics(job_9)).status_code == 200
+    assert post(attempt_9, "checkpoints", checkpoint(job_9)).status_code == 201
+    assert post(attempt_9, "events", event(job_9)).status_code == 201
 
 
 @pytest.mark.parametrize(("endpoint", "body"), [
     ("heartbeat", heartbeat), ("metrics", metrics), ("checkpoints", checkpoint),
     ("events", event),
 ])
-def test_unknown_fields_are_named_with_every_other_bad_field(attempt, job, endpoint, body):
-    resp = post(attempt, endpoint, body(job, colour="blue", shade=1, rank="zero"))
+def test_unknown_fields_are_named_with_every_other_bad_field(attempt_9, job_9, endpoint, body):
+    resp = post(attempt_9, endpoint, body(job_9, colour="blue", shade=1, rank="zero"))
     assert resp.status_code == 400, resp.content
     assert {"colour", "shade"} <= set(resp.data)
     assert "rank" in resp.data or endpoint == "metrics"
@@ -70,18 +71,18 @@ def test_unknown_fields_are_named_with_every_other_bad_field(attempt, job, endpo
                 or Checkpoint.objects.exists() or JobEvent.objects.exists())
 
 
-def test_an_unknown_field_inside_a_metric_point_is_named(attempt, job):
+def test_an_unknown_field_inside_a_metric_point_is_named(attempt_9, job_9):
     points = [{"rank": 0, "name": "loss", "step": 1, "value": 1.0, "unit": "nats"},
               {"rank": 0, "name": "", "step": 2, "value": 1.0}]
-    resp = post(attempt, "metrics", metrics(job, points=points))
+    resp = post(attempt_9, "metrics", metrics(job_9, points=points))
     assert resp.status_code == 400
     assert {"points[0].unit", "points[1].name"} <= set(resp.data)
     assert not MetricPoint.objects.exists()
 
 
 @pytest.mark.parametrize("job_id", ["999999", 999999, "x"])
-def test_a_body_about_another_job_is_refused(attempt, job, job_id):
-    resp = post(attempt, "heartbeat", heartbeat(job, job_id=job_id))
+def test_a_body_about_another_job_is_refused(attempt_9, job_9, job_id):
+    resp = post(attempt_9, "heartbeat", heartbeat(job_9, job_id=job_id))
     assert resp.status_code == 400 and "job_id" in resp.data
     assert not RankStatus.objects.exists()
 
@@ -92,8 +93,8 @@ def test_a_body_about_another_job_is_refused(attempt, job, job_id):
     "/data/ckpt/vision/job-8/step-200", "/data/ckpt/vision/job-9/step-201",
     "s3://bucket/data/ckpt/vision/job-9/step-200",
 ])
-def test_a_checkpoint_outside_the_jobs_own_step_folder_is_refused(attempt, job, uri):
-    resp = post(attempt, "checkpoints", checkpoint(job, uri=uri))
+def test_a_checkpoint_outside_the_jobs_own_step_folder_is_refused(attempt_9, job_9, uri):
+    resp = post(attempt_9, "checkpoints", checkpoint(job_9, uri=uri))
     assert resp.status_code == 400
     assert "/data/ckpt/vision/job-9/step-200" in str(resp.data["uri"][0])
     assert not Checkpoint.objects.exists()
@@ -101,8 +102,8 @@ def test_a_checkpoint_outside_the_jobs_own_step_folder_is_refused(attempt, job, 
 
 @pytest.mark.parametrize("uri", ["file:///data/ckpt/vision/job-9/step-200",
                                  "/data/ckpt/vision/job-9/step-200"])
-def test_a_checkpoint_in_either_spelling_of_the_jobs_folder_is_taken(attempt, job, uri):
-    assert post(attempt, "checkpoints", checkpoint(job, uri=uri)).status_code == 201
+def test_a_checkpoint_in_either_spelling_of_the_jobs_folder_is_taken(attempt_9, job_9, uri):
+    assert post(attempt_9, "checkpoints", checkpoint(job_9, uri=uri)).status_code == 201
 
 
 def test_an_s3_job_takes_its_own_s3_step_uri(team, cluster, owner):
@@ -127,23 +128,23 @@ def test_an_s3_job_takes_its_own_s3_step_uri(team, cluster, owner):
     ("events", lambda j: event(j, message="\u0000"), "message"),
     ("events", lambda j: event(j, data={"deep": [{"x": "\udfff"}]}), "data.deep[0].x"),
 ])
-def test_strings_postgres_cannot_store_are_a_400_naming_where(attempt, job, endpoint, body,
+def test_strings_postgres_cannot_store_are_a_400_naming_where(attempt_9, job_9, endpoint, body,
                                                               where):
-    resp = post(attempt, endpoint, body(job))
+    resp = post(attempt_9, endpoint, body(job_9))
     assert resp.status_code == 400, resp.content
     assert any(key.startswith(where) for key in resp.data), resp.data
     assert not (RankStatus.objects.exists() or MetricPoint.objects.exists()
                 or Checkpoint.objects.exists() or JobEvent.objects.exists())
 
 
-def test_a_heartbeat_marks_the_node_it_runs_on_heard_from(attempt, job, cluster):
+def test_a_heartbeat_marks_the_node_it_runs_on_heard_from(attempt_9, job_9, cluster):
     from clusters.models import Node
     from jobs.models import AttemptNode
 
     placed, elsewhere = Node.objects.get(name="cpu-a-0"), Node.objects.get(name="cpu-a-1")
-    AttemptNode.objects.create(attempt=attempt[0], node=placed, node_rank=0)
-    assert post(attempt, "heartbeat", heartbeat(job, node="cpu-a-0")).status_code == 200
-    assert post(attempt, "heartbeat", heartbeat(job, rank=1, node="cpu-a-1")).status_code == 200
+    AttemptNode.objects.create(attempt=attempt_9[0], node=placed, node_rank=0)
+    assert post(attempt_9, "heartbeat", heartbeat(job_9, node="cpu-a-0")).status_code == 200
+    assert post(attempt_9, "heartbeat", heartbeat(job_9, rank=1, node="cpu-a-1")).status_code == 200
     placed.refresh_from_db()
     elsewhere.refresh_from_db()
     assert placed.last_heartbeat_at is not None

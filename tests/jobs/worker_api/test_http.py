@@ -1,23 +1,13 @@
 """The trainer's own reporting thread against the API over real HTTP: the
 contract of docs/trainer-protocol.md seen from both sides at once."""
 
-import time
-
 import pytest
 from regatta.reporting import Reporter
 
 from checkpoints.models import Checkpoint
 from jobs.models import JobAttempt, JobEvent, MetricPoint, RankStatus
 from tests.api_factories import make_attempt, make_job
-
-
-def wait_for(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
+from tests.support.waiting import eventually
 
 
 @pytest.mark.timeout(60)
@@ -40,10 +30,14 @@ def test_the_trainers_reporter_delivers_everything_and_gets_directives(
                              "manifest_sha256": "ab" * 32, "save_seconds": 0.1,
                              "blocking_seconds": 0.01, "emergency": False,
                              "request_id": request_id})
-        assert wait_for(lambda: reporter.directives().get("checkpoint_request") == request_id)
-        assert wait_for(lambda: MetricPoint.objects.filter(attempt=attempt).count() == 3)
-        assert wait_for(lambda: Checkpoint.objects.filter(job=job, step=3).exists())
-        assert wait_for(lambda: JobAttempt.objects.get(pk=attempt.pk).last_step == 3)
+        eventually(lambda: reporter.directives().get("checkpoint_request") == request_id,
+                   timeout=20, what="the checkpoint request")
+        eventually(lambda: MetricPoint.objects.filter(attempt=attempt).count() == 3,
+                   timeout=20, what="the 3 points")
+        eventually(lambda: Checkpoint.objects.filter(job=job, step=3).exists(),
+                   timeout=20, what="the step-3 checkpoint")
+        eventually(lambda: JobAttempt.objects.get(pk=attempt.pk).last_step == 3,
+                   timeout=20, what="last_step 3")
     finally:
         reporter.close()
     assert RankStatus.objects.get(attempt=attempt).node_name == "cpu-a-0"
@@ -114,7 +108,8 @@ def test_an_event_whose_reply_was_lost_is_stored_once(live_server, team, cluster
     try:
         reporter.event("started", "fresh start", {"world_size": 1})
         reporter.event("finished", "finished at step 3", {"step": 3})
-        assert wait_for(lambda: reporter.pending() == 0 and proxy.lost == 3)
+        eventually(lambda: reporter.pending() == 0 and proxy.lost == 3,
+                   timeout=20, what="everything sent, 3 replies lost")
     finally:
         reporter.close()
         proxy.close()

@@ -36,7 +36,8 @@ def dead_url() -> str:
 
 
 @pytest.fixture
-def job(team, cluster, owner, tmp_path):
+def job_on_disk(team, cluster, owner, tmp_path):
+    """Running, with its storage in the test's own folder: the ranks hand off there."""
     return make_job(team, cluster, owner, phase="running", storage_uri=str(tmp_path / "ckpt"))
 
 
@@ -65,32 +66,33 @@ def handed_off(job) -> list[Path]:
 
 @pytest.mark.timeout(60)
 @pytest.mark.django_db(transaction=True)
-def test_what_a_rank_left_undelivered_is_stored_once_and_the_file_deleted(job):
-    attempt, token = make_attempt(job)
-    reporter = run_with_the_web_down(job, attempt, token)
-    (left,) = handed_off(job)
+def test_what_a_rank_left_undelivered_is_stored_once_and_the_file_deleted(job_on_disk):
+    attempt, token = make_attempt(job_on_disk)
+    reporter = run_with_the_web_down(job_on_disk, attempt, token)
+    (left,) = handed_off(job_on_disk)
     assert left.parent.name == f"attempt-{attempt.pk}" and "left at reports/" in \
         reporter.handed_off_to
 
-    done = collect(attempt, open_job_storage(job))
+    done = collect(attempt, open_job_storage(job_on_disk))
 
     assert done.files == 1 and not done.refused["items"]
     steps = sorted(MetricPoint.objects.filter(attempt=attempt, name="loss")
                    .values_list("step", flat=True))
     assert steps == list(range(1, 121))
-    assert list(JobEvent.objects.filter(job=job, kind__startswith="Trainer").order_by("id")
+    assert list(JobEvent.objects.filter(job=job_on_disk, kind__startswith="Trainer").order_by("id")
                 .values_list("kind", flat=True)) == ["TrainerStarted", "TrainerFinished"]
-    assert Checkpoint.objects.get(job=job, step=120).attempt == attempt
-    assert JobEvent.objects.get(job=job, kind="UndeliveredReportsCollected").evidence["items"] > 3
-    assert handed_off(job) == []
+    assert Checkpoint.objects.get(job=job_on_disk, step=120).attempt == attempt
+    collected = JobEvent.objects.get(job=job_on_disk, kind="UndeliveredReportsCollected")
+    assert collected.evidence["items"] > 3
+    assert handed_off(job_on_disk) == []
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.django_db(transaction=True)
-def test_reports_the_web_took_late_or_a_file_collected_twice_are_not_stored_again(job):
-    attempt, token = make_attempt(job)
-    run_with_the_web_down(job, attempt, token)
-    (left,) = handed_off(job)
+def test_reports_the_web_took_late_or_a_file_collected_twice_are_not_stored_again(job_on_disk):
+    attempt, token = make_attempt(job_on_disk)
+    run_with_the_web_down(job_on_disk, attempt, token)
+    (left,) = handed_off(job_on_disk)
     copy = left.with_name("rank-0-again.jsonl")
     copy.write_bytes(left.read_bytes())  # as if a pass died before its delete
     # The web came back in time for the `started` event after all.
@@ -99,33 +101,33 @@ def test_reports_the_web_took_late_or_a_file_collected_twice_are_not_stored_agai
     assert worker_client(token).post(f"/api/v1/worker/attempts/{attempt.pk}/events", started,
                                      format="json").status_code == 201
 
-    done = collect(attempt, open_job_storage(job))
+    done = collect(attempt, open_job_storage(job_on_disk))
 
     assert done.files == 2
-    assert JobEvent.objects.filter(job=job, kind="TrainerStarted").count() == 1
-    assert JobEvent.objects.filter(job=job, kind="TrainerFinished").count() == 1
+    assert JobEvent.objects.filter(job=job_on_disk, kind="TrainerStarted").count() == 1
+    assert JobEvent.objects.filter(job=job_on_disk, kind="TrainerFinished").count() == 1
     assert MetricPoint.objects.filter(attempt=attempt, name="loss").count() == 120
-    assert Checkpoint.objects.filter(job=job).count() == 1
+    assert Checkpoint.objects.filter(job=job_on_disk).count() == 1
 
 
 @pytest.mark.django_db(transaction=True)
-def test_another_attempts_file_is_left_in_place_and_a_bad_item_is_refused(job, tmp_path):
-    attempt, token = make_attempt(job)
-    other, other_token = make_attempt(job)
-    run_with_the_web_down(job, other, other_token, steps=3)
-    (theirs,) = handed_off(job)
-    mine = Path(job.storage_uri) / "reports" / f"attempt-{attempt.pk}" / theirs.name
+def test_another_attempts_file_is_left_in_place_and_a_bad_item_is_refused(job_on_disk, tmp_path):
+    attempt, token = make_attempt(job_on_disk)
+    other, other_token = make_attempt(job_on_disk)
+    run_with_the_web_down(job_on_disk, other, other_token, steps=3)
+    (theirs,) = handed_off(job_on_disk)
+    mine = Path(job_on_disk.storage_uri) / "reports" / f"attempt-{attempt.pk}" / theirs.name
     mine.parent.mkdir(parents=True)
     mine.write_bytes(theirs.read_bytes())
     with theirs.open("a") as f:
         f.write('{"endpoint": "events", "body": {"kind": "Not A Kind"}}\n')
 
-    done = collect(attempt, open_job_storage(job))
+    done = collect(attempt, open_job_storage(job_on_disk))
 
     # The header names the other attempt: nothing of it is stored as this one's.
     assert done.files == 0 and done.refused["files"] == 1
     assert mine.exists() and not JobEvent.objects.filter(attempt=attempt).exists()
-    done = collect(other, open_job_storage(job))
+    done = collect(other, open_job_storage(job_on_disk))
     assert done.files == 1 and done.refused["items"] == 1
     assert MetricPoint.objects.filter(attempt=other).count() == 3
     assert JobEvent.objects.filter(attempt=other, kind="TrainerFinished").exists()

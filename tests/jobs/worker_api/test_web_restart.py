@@ -25,6 +25,7 @@ from jobs.checkpointing import open_job_storage
 from jobs.models import JobEvent, MetricPoint
 from jobs.worker_api.undelivered import collect
 from tests.api_factories import make_attempt, make_job
+from tests.support.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[3]
 GRANIAN = Path(sys.executable).parent / "granian"  # this environment's
@@ -59,17 +60,19 @@ class Web:
              "controlplane.wsgi:application"],
             cwd=ROOT, env=env, stdout=self.log.open("a"), stderr=subprocess.STDOUT,
             start_new_session=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.log.read_text()[-3000:]
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
-                conn.request("GET", "/login/")
-                if conn.getresponse().status == 200:
-                    return
-            except OSError:
-                time.sleep(0.2)
-        raise AssertionError("the web did not start: " + self.log.read_text()[-3000:])
+        try:
+            eventually(self.answers, timeout=60, interval=0.2, what="the web to start")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: {self.log.read_text()[-3000:]}") from None
+
+    def answers(self) -> bool:
+        assert self.proc.poll() is None, "the web exited"
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+            conn.request("GET", "/login/")
+            return conn.getresponse().status == 200
+        except OSError:
+            return False
 
     def kill(self) -> None:
         os.killpg(self.proc.pid, signal.SIGKILL)  # the server and its workers, at once
@@ -80,7 +83,7 @@ def train(reporter, steps: range) -> None:
     for step in steps:
         reporter.update_status(step=step)
         reporter.metric("loss", step, 3.0 - step / 1000)
-        time.sleep(0.005)
+        time.sleep(0.005)  # a training loop's pace, not a wait
 
 
 @pytest.mark.django_db(transaction=True)
@@ -104,9 +107,8 @@ def test_nothing_a_rank_reported_is_lost_to_a_web_restart(team, cluster, owner, 
                              "blocking_seconds": 0.01, "emergency": False, "request_id": ""})
         web.start()
         train(reporter, range(201, 251))
-        deadline = time.monotonic() + 60
-        while reporter.pending() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        eventually(lambda: not reporter.pending(), timeout=60, interval=0.1,
+                   what="everything sent to the restarted web")
         assert MetricPoint.objects.filter(attempt=attempt).count() == 250
         web.kill()
         # The run ends while the web is down again.

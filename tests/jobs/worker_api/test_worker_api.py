@@ -8,18 +8,7 @@ import pytest
 
 from checkpoints.models import Checkpoint
 from jobs.models import JobAttempt, JobEvent, MetricPoint, RankStatus, TrainingJob
-from tests.api_factories import make_attempt, make_job, worker_client
-
-
-@pytest.fixture
-def job(team, cluster, owner):
-    # Workers may report only checkpoints under the job's own storage.
-    return make_job(team, cluster, owner, phase="running", storage_uri="/tmp/ckpt")
-
-
-@pytest.fixture
-def attempt(job):
-    return make_attempt(job)
+from tests.api_factories import make_attempt, worker_client
 
 
 def url(attempt, endpoint):
@@ -33,7 +22,7 @@ def beat(rank=0, step=10, **extra):
 
 class TestHeartbeat:
     def test_it_records_the_rank_and_answers_with_directives(
-        self, attempt, job, django_capture_on_commit_callbacks
+        self, attempt, reporting_job, django_capture_on_commit_callbacks
     ):
         attempt, token = attempt
         with django_capture_on_commit_callbacks() as callbacks:
@@ -46,22 +35,23 @@ class TestHeartbeat:
         assert (rank.rank, rank.step, rank.node_name, rank.tokens_per_s) == (0, 10, "cpu-a-0",
                                                                             8192.0)
         attempt.refresh_from_db()
-        job.refresh_from_db()
+        reporting_job.refresh_from_db()
         assert attempt.last_step == 10 and attempt.first_step_at is not None
         assert attempt.last_heartbeat_at is not None
-        assert job.current_step == 10 and job.progress["tokens_per_s"] == 8192.0
+        assert reporting_job.current_step == 10 and reporting_job.progress["tokens_per_s"] == 8192.0
         # The attempt's first step takes the fast path to the reconciler.
         assert len(callbacks) == 1
 
-    def test_it_never_lowers_the_step(self, attempt, job, django_capture_on_commit_callbacks):
+    def test_it_never_lowers_the_step(self, attempt, reporting_job,
+                                      django_capture_on_commit_callbacks):
         attempt, token = attempt
         client = worker_client(token)
         client.post(url(attempt, "heartbeat"), beat(step=50), format="json")
         with django_capture_on_commit_callbacks() as callbacks:
             client.post(url(attempt, "heartbeat"), beat(step=40), format="json")
         attempt.refresh_from_db()
-        job.refresh_from_db()
-        assert attempt.last_step == 50 and job.current_step == 50
+        reporting_job.refresh_from_db()
+        assert attempt.last_step == 50 and reporting_job.current_step == 50
         assert RankStatus.objects.get(attempt=attempt).step == 40
         assert callbacks == []  # not the first step any more
 
@@ -74,7 +64,7 @@ class TestHeartbeat:
         assert RankStatus.objects.filter(attempt=attempt).count() == 2
         assert set(RankStatus.objects.values_list("step", flat=True)) == {3}
 
-    def test_it_carries_a_checkpoint_request_and_a_stop(self, attempt, job):
+    def test_it_carries_a_checkpoint_request_and_a_stop(self, attempt, reporting_job):
         attempt, token = attempt
         request_id = attempt.request_checkpoint("user:olivia")
         JobAttempt.objects.filter(pk=attempt.pk).update(stop_requested_at=attempt.created_at)
@@ -82,8 +72,8 @@ class TestHeartbeat:
         assert resp.json()["directives"]["checkpoint_request"] == request_id
         assert resp.json()["directives"]["stop"] is True
 
-    def test_an_ended_attempt_is_told_to_stop(self, job):
-        attempt, token = make_attempt(job, state=JobAttempt.State.FAILED)
+    def test_an_ended_attempt_is_told_to_stop(self, reporting_job):
+        attempt, token = make_attempt(reporting_job, state=JobAttempt.State.FAILED)
         resp = worker_client(token).post(url(attempt, "heartbeat"), beat(), format="json")
         assert resp.status_code == 403
         assert resp.json()["stop"] is True
@@ -108,7 +98,7 @@ class TestMetrics:
             {"rank": rank, "name": name, "step": s, "value": 2.0 - s / 100, "time": now}
             for s in range(1, n + 1)]}
 
-    def test_a_batch_sent_twice_is_stored_once(self, attempt, job):
+    def test_a_batch_sent_twice_is_stored_once(self, attempt, reporting_job):
         attempt, token = attempt
         client = worker_client(token)
         first = client.post(url(attempt, "metrics"), self.batch(), format="json")
@@ -116,7 +106,7 @@ class TestMetrics:
         assert first.status_code == again.status_code == 200
         assert first.json() == {"stored": 3, "duplicates": 0}
         assert again.json() == {"stored": 0, "duplicates": 3}
-        points = MetricPoint.objects.filter(job=job, attempt=attempt)
+        points = MetricPoint.objects.filter(job=reporting_job, attempt=attempt)
         assert points.count() == 3
         assert sorted(points.values_list("step", "value")) == [(1, 1.99), (2, 1.98), (3, 1.97)]
 
@@ -245,8 +235,8 @@ class TestMetrics:
         assert resp.status_code == 400, resp.content
         assert not MetricPoint.objects.exists()
 
-    def test_an_ended_attempt_may_still_report_late_metrics(self, job):
-        attempt, token = make_attempt(job, state=JobAttempt.State.SUCCEEDED)
+    def test_an_ended_attempt_may_still_report_late_metrics(self, reporting_job):
+        attempt, token = make_attempt(reporting_job, state=JobAttempt.State.SUCCEEDED)
         resp = worker_client(token).post(url(attempt, "metrics"), self.batch(), format="json")
         assert resp.status_code == 200
         assert MetricPoint.objects.count() == 3
@@ -258,7 +248,7 @@ class TestCheckpoints:
             "emergency": False, "request_id": None}
 
     def test_it_records_a_committed_checkpoint_once(
-        self, attempt, job, django_capture_on_commit_callbacks
+        self, attempt, reporting_job, django_capture_on_commit_callbacks
     ):
         attempt, token = attempt
         client = worker_client(token)
@@ -266,21 +256,21 @@ class TestCheckpoints:
             first = client.post(url(attempt, "checkpoints"), self.body, format="json")
         again = client.post(url(attempt, "checkpoints"), self.body, format="json")
         assert (first.status_code, again.status_code) == (201, 200)
-        checkpoint = Checkpoint.objects.get(job=job)
+        checkpoint = Checkpoint.objects.get(job=reporting_job)
         assert (checkpoint.step, checkpoint.state, checkpoint.attempt) == (200, "committed",
                                                                           attempt)
         assert (checkpoint.bytes, checkpoint.save_seconds) == (123456, 1.8)
         assert len(callbacks) == 1
 
-    def test_a_later_attempt_rewriting_a_step_resets_its_verification(self, attempt, job):
+    def test_a_later_attempt_rewriting_a_step_resets_its_verification(self, attempt, reporting_job):
         first, token = attempt
         worker_client(token).post(url(first, "checkpoints"), self.body, format="json")
         Checkpoint.objects.update(state="verified")
-        second, token2 = make_attempt(job)
+        second, token2 = make_attempt(reporting_job)
         body = {**self.body, "manifest_sha256": "cd" * 32}
         resp = worker_client(token2).post(url(second, "checkpoints"), body, format="json")
         assert resp.status_code == 200
-        checkpoint = Checkpoint.objects.get(job=job)
+        checkpoint = Checkpoint.objects.get(job=reporting_job)
         assert (checkpoint.attempt, checkpoint.state) == (second, "committed")
         assert checkpoint.manifest_sha256 == "cd" * 32
 
@@ -301,7 +291,7 @@ class TestEvents:
         ("checkpoint_skipped", "TrainerCheckpointSkipped"),
         ("emergency_checkpoint", "TrainerEmergencyCheckpoint"),
     ])
-    def test_it_puts_trainer_events_on_the_timeline(self, attempt, job, kind, recorded):
+    def test_it_puts_trainer_events_on_the_timeline(self, attempt, reporting_job, kind, recorded):
         attempt, token = attempt
         RankStatus.objects.create(attempt=attempt, rank=1, node_name="cpu-a-1",
                                   last_heartbeat_at=attempt.created_at)
@@ -310,7 +300,7 @@ class TestEvents:
             {"kind": kind, "rank": 1, "message": "hello", "data": {"step": 7}}, format="json",
         )
         assert resp.status_code == 201, resp.content
-        event = JobEvent.objects.get(job=job)
+        event = JobEvent.objects.get(job=reporting_job)
         assert (event.kind, event.actor, event.message) == (recorded, "worker:rank1@cpu-a-1",
                                                             "hello")
         assert event.evidence == {"step": 7} and event.attempt == attempt
@@ -330,7 +320,7 @@ class TestEvents:
         assert resp.status_code == 400
         assert not JobEvent.objects.exists()
 
-    def test_an_event_resent_with_its_key_is_stored_once(self, attempt, job):
+    def test_an_event_resent_with_its_key_is_stored_once(self, attempt, reporting_job):
         # A rank resends an event whose reply it never got (a timeout, a
         # restarting web): the first send may well have been stored.
         attempt, token = attempt
@@ -340,23 +330,23 @@ class TestEvents:
 
         assert (first.status_code, again.status_code) == (201, 200)
         assert first.json() == again.json()
-        assert list(JobEvent.objects.filter(job=job).values_list("kind", "key")) == [
+        assert list(JobEvent.objects.filter(job=reporting_job).values_list("kind", "key")) == [
             ("TrainerStarted", "j1-a1-r0-9f-0")]
 
-    def test_events_without_a_key_or_with_other_keys_are_each_stored(self, attempt, job):
+    def test_events_without_a_key_or_with_other_keys_are_each_stored(self, attempt, reporting_job):
         attempt, token = attempt
         for key in (None, None, "k-1", "k-2"):
             body = {"kind": "tick", "rank": 0, **({"key": key} if key else {})}
             assert worker_client(token).post(url(attempt, "events"), body,
                                              format="json").status_code == 201
-        assert JobEvent.objects.filter(job=job, kind="TrainerTick").count() == 4
+        assert JobEvent.objects.filter(job=reporting_job, kind="TrainerTick").count() == 4
 
 
 class TestWorkerAuth:
     @pytest.mark.parametrize("endpoint", ["heartbeat", "metrics", "checkpoints", "events"])
-    def test_another_attempts_token_is_forbidden(self, job, endpoint):
-        mine, _ = make_attempt(job)
-        _, theirs = make_attempt(job)
+    def test_another_attempts_token_is_forbidden(self, reporting_job, endpoint):
+        mine, _ = make_attempt(reporting_job)
+        _, theirs = make_attempt(reporting_job)
         resp = worker_client(theirs).post(url(mine, endpoint), {}, format="json")
         assert resp.status_code == 403
 
@@ -379,12 +369,12 @@ class TestWorkerAuth:
         assert resp.status_code == 401
         assert not RankStatus.objects.exists()
 
-    def test_a_worker_token_is_refused_on_peoples_endpoints(self, attempt, job):
+    def test_a_worker_token_is_refused_on_peoples_endpoints(self, attempt, reporting_job):
         attempt, token = attempt
         client = worker_client(token)
         assert client.get("/api/v1/jobs/").status_code == 401
-        assert client.get(f"/api/v1/jobs/{job.pk}/").status_code == 401
-        assert client.post(f"/api/v1/jobs/{job.pk}/cancel/").status_code == 401
-        job.refresh_from_db()
-        assert job.cancel_requested_at is None
+        assert client.get(f"/api/v1/jobs/{reporting_job.pk}/").status_code == 401
+        assert client.post(f"/api/v1/jobs/{reporting_job.pk}/cancel/").status_code == 401
+        reporting_job.refresh_from_db()
+        assert reporting_job.cancel_requested_at is None
         assert TrainingJob.objects.get().phase == "running"

@@ -52,7 +52,7 @@ def main() -> None:
         loss.backward()
         opt.step()
         opt.zero_grad()
-        time.sleep(SLEEP)
+        time.sleep(SLEEP)  # a pace, not a wait: slow steps leave a test time to act
         run.log({"loss": loss.detach(), "lr": 1e-2}, step=step)
         if run.should_checkpoint(step) and step < STEPS:
             say(f"rank {run.rank} step {step} save")

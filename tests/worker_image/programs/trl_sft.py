@@ -54,7 +54,7 @@ class Sleep(TrainerCallback):
         self.seconds = seconds
 
     def on_step_end(self, args, state, control, **kwargs):
-        time.sleep(self.seconds)
+        time.sleep(self.seconds)  # a pace, not a wait: slow steps leave a test time to act
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from controlplane.lib.errors import PermanentError, TemporaryError
 
-from .base import (
+from ..base import (
     HealthSignal,
     NodeInfo,
     PoolInfo,
@@ -85,10 +85,11 @@ def instance_id(provider_id: str) -> str:
     return tail
 
 
-class AwsProvider:
-    """The AWS side of a cluster: Auto Scaling groups and spot notices."""
-
-    kind = "aws"
+class AwsNodeGroups:
+    """The Kubernetes provider's backend for pools that are EKS node groups
+    (Auto Scaling groups): it grows, shrinks and replaces their instances and
+    reads their spot notices. Not a Provider: the Kubernetes provider calls
+    it, nothing registers it."""
 
     def __init__(self, session: Any, endpoint_url: str | None = None):
         kwargs = {"endpoint_url": endpoint_url} if endpoint_url else {}
@@ -97,7 +98,7 @@ class AwsProvider:
         self.sqs = session.client("sqs", **kwargs)
 
     @classmethod
-    def for_settings(cls, settings) -> AwsProvider:
+    def for_settings(cls, settings) -> AwsNodeGroups:
         """From a cluster's KubeSettings: `region`, optional `endpoint_url`,
         `aws_profile`."""
         import boto3

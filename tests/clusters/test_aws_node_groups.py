@@ -12,8 +12,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from clusters.providers.aws import SPOT_WARNING, AwsProvider, instance_id
 from clusters.providers.kubernetes import KubernetesProvider, KubeSettings
+from clusters.providers.kubernetes.aws_node_groups import SPOT_WARNING, AwsNodeGroups, instance_id
 from controlplane.lib.errors import PermanentError
 from tests.clusters.test_kubernetes_manifests import make_pool
 from tests.support import k8s_standin as st
@@ -39,9 +39,13 @@ def asg_pool(group, **settings):
     return make_pool(settings={"asg_name": group, **settings})
 
 
+def node_groups_at(url):
+    return AwsNodeGroups.for_settings(KubeSettings.parse({"region": REGION, "endpoint_url": url}))
+
+
 @pytest.fixture
-def provider(aws):  # noqa: F811
-    return AwsProvider.for_settings(KubeSettings.parse({"region": REGION, "endpoint_url": aws}))
+def node_groups(aws):  # noqa: F811
+    return node_groups_at(aws)
 
 
 def desired(url, group):
@@ -60,7 +64,7 @@ def spot_event(instance, kind=SPOT_WARNING):
 
 
 def test_it_replaces_a_failed_node_without_shrinking_the_group_or_waiting(
-        aws, provider, group, monkeypatch):  # noqa: F811
+        aws, node_groups, group, monkeypatch):  # noqa: F811
     """The call terminates, reads the group once more and returns: no sleep.
     moto launches the successor at once, so that one read finds it (AWS takes
     longer: then None, and a later listing finds it)."""
@@ -68,10 +72,10 @@ def test_it_replaces_a_failed_node_without_shrinking_the_group_or_waiting(
     failed = before[0]
     slept, calls = [], []
     monkeypatch.setattr(time, "sleep", slept.append)
-    provider.autoscaling.meta.events.register(
+    node_groups.autoscaling.meta.events.register(
         "before-call", lambda model, **kw: calls.append(model.name))
 
-    node = provider.replace(asg_pool(group), f"aws:///{REGION}a/{failed}")
+    node = node_groups.replace(asg_pool(group), f"aws:///{REGION}a/{failed}")
 
     assert slept == [] and calls == ["DescribeAutoScalingGroups",
                                      "TerminateInstanceInAutoScalingGroup",
@@ -90,34 +94,34 @@ def test_it_replaces_a_failed_node_without_shrinking_the_group_or_waiting(
     assert state in ("shutting-down", "terminated")
 
 
-def test_replacing_again_terminates_nothing_more(aws, provider, group):  # noqa: F811
+def test_replacing_again_terminates_nothing_more(aws, node_groups, group):  # noqa: F811
     failed = make_group(aws, group)[0]
-    provider.replace(asg_pool(group), f"aws:///{REGION}a/{failed}")
+    node_groups.replace(asg_pool(group), f"aws:///{REGION}a/{failed}")
     members = group_instances(aws, group)
-    assert provider.replace(asg_pool(group), f"aws:///{REGION}a/{failed}") is None
+    assert node_groups.replace(asg_pool(group), f"aws:///{REGION}a/{failed}") is None
     assert group_instances(aws, group) == members
 
 
-def test_the_old_wait_settings_still_load_and_change_nothing(aws, provider, group):  # noqa: F811
+def test_the_old_wait_settings_still_load_and_change_nothing(aws, node_groups, group):  # noqa: F811
     """Pools saved with `replace_timeout_s`/`replace_poll_s` keep loading."""
     ids = make_group(aws, group)
     pool = asg_pool(group, replace_timeout_s=300, replace_poll_s=5)
-    assert provider.replace(pool, f"aws:///{REGION}a/{ids[0]}") is not None
+    assert node_groups.replace(pool, f"aws:///{REGION}a/{ids[0]}") is not None
 
 
-def test_it_lists_the_groups_instances_as_nodes(aws, provider, group):  # noqa: F811
+def test_it_lists_the_groups_instances_as_nodes(aws, node_groups, group):  # noqa: F811
     ids = make_group(aws, group, size=3)
-    nodes = provider.list_nodes(asg_pool(group))
+    nodes = node_groups.list_nodes(asg_pool(group))
     assert sorted(instance_id(n.provider_id) for n in nodes) == ids
 
 
-def test_it_adds_a_spare_by_raising_the_desired_capacity(aws, provider, group):  # noqa: F811
+def test_it_adds_a_spare_by_raising_the_desired_capacity(aws, node_groups, group):  # noqa: F811
     ids = make_group(aws, group, size=2, max_size=3)
-    node = provider.provision(asg_pool(group))
+    node = node_groups.provision(asg_pool(group))
     assert desired(aws, group) == 3
     assert instance_id(node.provider_id) not in ids
     with pytest.raises(PermanentError, match="MaxSize"):
-        provider.provision(asg_pool(group))
+        node_groups.provision(asg_pool(group))
     assert desired(aws, group) == 3
 
 
@@ -127,13 +131,13 @@ def test_a_provider_id_that_names_no_instance_is_refused(bad):
         instance_id(bad)
 
 
-def test_an_unknown_group_or_missing_settings_are_permanent(aws, provider, group):  # noqa: F811
+def test_an_unknown_group_or_missing_settings_are_permanent(aws, node_groups, group):  # noqa: F811
     with pytest.raises(PermanentError, match="does not exist"):
-        provider.replace(asg_pool(group), "aws:///us-east-1a/i-0123")
+        node_groups.replace(asg_pool(group), "aws:///us-east-1a/i-0123")
     with pytest.raises(PermanentError, match="asg_name"):
-        provider.replace(make_pool(), "aws:///us-east-1a/i-0123")
+        node_groups.replace(make_pool(), "aws:///us-east-1a/i-0123")
     with pytest.raises(PermanentError, match="region"):
-        AwsProvider.for_settings(KubeSettings.parse({}))
+        AwsNodeGroups.for_settings(KubeSettings.parse({}))
 
 
 def queue(url):
@@ -147,7 +151,7 @@ def counts(sqs, url):
             int(attrs["ApproximateNumberOfMessagesNotVisible"]))
 
 
-def test_it_turns_a_spot_interruption_warning_into_a_signal(aws, provider, group):  # noqa: F811
+def test_it_turns_a_spot_interruption_warning_into_a_signal(aws, node_groups, group):  # noqa: F811
     ids = make_group(aws, group)
     sqs, url = queue(aws)
     sqs.send_message(QueueUrl=url, MessageBody=spot_event(ids[0]))
@@ -155,7 +159,7 @@ def test_it_turns_a_spot_interruption_warning_into_a_signal(aws, provider, group
                                                                   "Recommendation"))
     sqs.send_message(QueueUrl=url, MessageBody="not json")
 
-    signals = provider.spot_signals(asg_pool(group, spot_queue_url=url))
+    signals = node_groups.spot_signals(asg_pool(group, spot_queue_url=url))
     by_node = {s.evidence["provider_id"].rsplit("/", 1)[-1]: s for s in signals}
     assert set(by_node) == set(ids)
     warning, rebalance = by_node[ids[0]], by_node[ids[1]]
@@ -167,7 +171,7 @@ def test_it_turns_a_spot_interruption_warning_into_a_signal(aws, provider, group
     assert counts(sqs, url) == (0, 0)  # handled, and the junk, are deleted
 
 
-def test_a_notice_for_an_instance_gone_or_terminating_is_deleted(aws, provider, group):  # noqa: F811
+def test_a_notice_for_an_instance_gone_or_terminating_is_deleted(aws, node_groups, group):  # noqa: F811
     ids = make_group(aws, group, size=3)
     client("autoscaling", aws).terminate_instance_in_auto_scaling_group(
         InstanceId=ids[0], ShouldDecrementDesiredCapacity=False)
@@ -176,7 +180,7 @@ def test_a_notice_for_an_instance_gone_or_terminating_is_deleted(aws, provider, 
     for instance in (ids[0], ids[1], "i-0000000000000dead"):
         sqs.send_message(QueueUrl=url, MessageBody=spot_event(instance))
 
-    assert provider.spot_signals(asg_pool(group, spot_queue_url=url)) == []
+    assert node_groups.spot_signals(asg_pool(group, spot_queue_url=url)) == []
     # Nobody can act on them any more: none is left to come back forever.
     assert counts(sqs, url) == (0, 0)
 
@@ -189,17 +193,17 @@ def test_another_clusters_notice_is_left_for_it_and_received_once_a_sweep(aws, g
     for _ in range(12):  # more than one batch, so the sweep receives again
         sqs.send_message(QueueUrl=url, MessageBody=spot_event(theirs[0]))
     sqs.send_message(QueueUrl=url, MessageBody=spot_event(ours[0]))
-    provider = AwsProvider.for_settings(KubeSettings.parse({"region": REGION, "endpoint_url": aws}))
+    node_groups = node_groups_at(aws)
     received = []
-    real = provider.sqs.receive_message
+    real = node_groups.sqs.receive_message
 
     def spy(**kw):
         answer = real(**kw)
         received.extend(m["MessageId"] for m in answer.get("Messages", []))
         return answer
 
-    provider.sqs.receive_message = spy
-    (signal,) = provider.spot_signals(asg_pool(group, spot_queue_url=url,
+    node_groups.sqs.receive_message = spy
+    (signal,) = node_groups.spot_signals(asg_pool(group, spot_queue_url=url,
                                                spot_foreign_visibility_s=2))
     assert ours[0] in signal.evidence["provider_id"]
     # Every message seen once in the sweep, then hidden for a while rather than
@@ -209,15 +213,15 @@ def test_another_clusters_notice_is_left_for_it_and_received_once_a_sweep(aws, g
 
     # Once their visibility timeout ends, the 12 are the owner's to receive.
     eventually(lambda: counts(sqs, url) == (12, 0), what="the notices visible again")
-    owner = AwsProvider.for_settings(KubeSettings.parse({"region": REGION, "endpoint_url": aws}))
+    owner = node_groups_at(aws)
     signals = owner.spot_signals(asg_pool(their_group, spot_queue_url=url))
     assert len(signals) == 12
     assert {s.evidence["provider_id"].rsplit("/", 1)[-1] for s in signals} == {theirs[0]}
     assert counts(sqs, url) == (0, 0)
 
 
-def test_a_pool_without_a_queue_has_no_spot_signals(aws, provider, group):  # noqa: F811
-    assert provider.spot_signals(make_pool()) == []
+def test_a_pool_without_a_queue_has_no_spot_signals(aws, node_groups, group):  # noqa: F811
+    assert node_groups.spot_signals(make_pool()) == []
 
 
 # --- where Kubernetes meets AWS ----------------------------------------------------
@@ -225,8 +229,7 @@ def test_a_pool_without_a_queue_has_no_spot_signals(aws, provider, group):  # no
 def kube_with_aws(standin, url):
     return KubernetesProvider(
         standin.api_client(), KubeSettings(),
-        aws_factory=lambda: AwsProvider.for_settings(
-            KubeSettings.parse({"region": REGION, "endpoint_url": url})))
+        aws_factory=lambda: node_groups_at(url))
 
 
 def private_dns(url, instance):
@@ -306,13 +309,13 @@ def sns_envelope(event: str) -> str:
         "UnsubscribeURL": "https://sns.example/unsubscribe"})
 
 
-def test_a_notice_in_an_sns_envelope_is_read_not_deleted_unread(aws, provider, group):  # noqa: F811
+def test_a_notice_in_an_sns_envelope_is_read_not_deleted_unread(aws, node_groups, group):  # noqa: F811
     ids = make_group(aws, group)
     sqs, url = queue(aws)
     sqs.send_message(QueueUrl=url, MessageBody=sns_envelope(spot_event(ids[0])))
     sqs.send_message(QueueUrl=url, MessageBody=sns_envelope("not json"))
 
-    (signal,) = provider.spot_signals(asg_pool(group, spot_queue_url=url))
+    (signal,) = node_groups.spot_signals(asg_pool(group, spot_queue_url=url))
 
     assert (signal.kind, signal.severity) == ("spot_notice", "critical")
     assert signal.evidence["detail"]["instance-id"] == ids[0]
@@ -320,20 +323,20 @@ def test_a_notice_in_an_sns_envelope_is_read_not_deleted_unread(aws, provider, g
     assert counts(sqs, url) == (0, 0)
 
 
-def test_another_clusters_notice_in_an_sns_envelope_is_left_for_it(aws, provider, group):  # noqa: F811
+def test_another_clusters_notice_in_an_sns_envelope_is_left_for_it(aws, node_groups, group):  # noqa: F811
     make_group(aws, group)
     other = make_group(aws, unique("other"))
     sqs, url = queue(aws)
     sqs.send_message(QueueUrl=url, MessageBody=sns_envelope(spot_event(other[0])))
-    assert provider.spot_signals(asg_pool(group, spot_queue_url=url)) == []
+    assert node_groups.spot_signals(asg_pool(group, spot_queue_url=url)) == []
     assert counts(sqs, url) == (0, 1)  # hidden for its owner, not deleted
 
 
-def count_calls(provider) -> list[str]:
-    """Every AWS request the provider's clients send, by operation."""
+def count_calls(node_groups) -> list[str]:
+    """Every AWS request the node groups' clients send, by operation."""
     calls = []
     for name in ("autoscaling", "ec2", "sqs"):
-        getattr(provider, name).meta.events.register(
+        getattr(node_groups, name).meta.events.register(
             "before-call", lambda model, **kw: calls.append(model.name))
     return calls
 
@@ -349,10 +352,10 @@ def test_our_notice_behind_150_of_other_clusters_is_a_signal_on_the_first_sweep(
     for i in range(150):
         sqs.send_message(QueueUrl=url, MessageBody=spot_event(theirs[i % 3]))
     sqs.send_message(QueueUrl=url, MessageBody=spot_event(ours[1]))
-    provider = AwsProvider.for_settings(KubeSettings.parse({"region": REGION, "endpoint_url": aws}))
-    calls = count_calls(provider)
+    node_groups = node_groups_at(aws)
+    calls = count_calls(node_groups)
 
-    (signal,) = provider.spot_signals(asg_pool(group, spot_queue_url=url))
+    (signal,) = node_groups.spot_signals(asg_pool(group, spot_queue_url=url))
 
     assert signal.evidence["detail"]["instance-id"] == ours[1]
     # 17 receives (16 with messages, one empty), one group, one describe for
@@ -376,8 +379,7 @@ def asg(aws):  # noqa: F811
 
 
 def through(asg):
-    return AwsProvider.for_settings(KubeSettings.parse({"region": REGION,
-                                                         "endpoint_url": asg.url}))
+    return node_groups_at(asg.url)
 
 
 def test_scaling_status_reports_failed_launches_since_the_ask(aws, asg, group):  # noqa: F811
@@ -407,32 +409,32 @@ def test_scaling_status_reports_failed_launches_since_the_ask(aws, asg, group): 
 
 def test_provision_asks_no_more_while_the_group_is_short(aws, asg, group):  # noqa: F811
     make_group(aws, group, size=2, max_size=6)
-    provider = through(asg)
-    assert provider.provision(asg_pool(group)) is not None and desired(aws, group) == 3
+    node_groups = through(asg)
+    assert node_groups.provision(asg_pool(group)) is not None and desired(aws, group) == 3
     asg.starve(group)
     client("autoscaling", aws).set_desired_capacity(AutoScalingGroupName=group,
                                                     DesiredCapacity=4)
-    assert provider.provision(asg_pool(group)) is None
+    assert node_groups.provision(asg_pool(group)) is None
     assert desired(aws, group) == 4  # not 5: the group has yet to launch the last ask
 
 
 def test_release_completes_the_termination_hook_of_our_instance(aws, asg, group):  # noqa: F811
     ids = make_group(aws, group)
-    provider = through(asg)
-    assert provider.release(asg_pool(group), f"aws:///{REGION}a/{ids[0]}") == ""  # no hook
+    node_groups = through(asg)
+    assert node_groups.release(asg_pool(group), f"aws:///{REGION}a/{ids[0]}") == ""  # no hook
     client("autoscaling", aws).put_lifecycle_hook(
         LifecycleHookName="drain", AutoScalingGroupName=group,
         LifecycleTransition="autoscaling:EC2_INSTANCE_TERMINATING")
-    provider.replace(asg_pool(group), f"aws:///{REGION}a/{ids[0]}")
+    node_groups.replace(asg_pool(group), f"aws:///{REGION}a/{ids[0]}")
     assert ids[0] in asg.held  # Terminating:Wait
 
-    done = provider.release(asg_pool(group), f"aws:///{REGION}a/{ids[0]}")
+    done = node_groups.release(asg_pool(group), f"aws:///{REGION}a/{ids[0]}")
 
     assert "completed" in done and ids[0] not in asg.held
     assert [(c["InstanceId"], c["LifecycleActionResult"]) for c in asg.completed] == [
         (ids[0], "CONTINUE")]
     # Gone from the group now: nothing holds it, nothing is called.
-    assert provider.release(asg_pool(group), f"aws:///{REGION}a/{ids[0]}") == ""
+    assert node_groups.release(asg_pool(group), f"aws:///{REGION}a/{ids[0]}") == ""
     assert len(asg.completed) == 1
 
 
