@@ -24,7 +24,7 @@ from ..local.base_paths import LAUNCHER
 from ..local.book import file_lock, read_json, write_json
 from ..local.environment import rank_environment
 from . import batch
-from .commands import Slurm
+from .commands import Slurm, SlurmCommandError
 from .nodes import LOST, state_words
 
 ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED",
@@ -172,6 +172,18 @@ def _wait_over(slurm: Slurm, ref: dict, timeout: float) -> bool:
         time.sleep(0.2)
 
 
+_OVER_ALREADY = ("Invalid job id", "already completing or completed", "already completed")
+
+
+def scancel(slurm: Slurm, *args: str) -> None:
+    """scancel, where a job that ended meanwhile is what was asked for."""
+    try:
+        slurm.run(["scancel", *args])
+    except SlurmCommandError as exc:
+        if not any(words in str(exc) for words in _OVER_ALREADY):
+            raise
+
+
 def stop(slurm: Slurm, ref: dict, grace_s: float) -> None:
     """SIGTERM the job's steps (the trainer checkpoints and exits 83), then
     cancel it outright after `grace_s`: Slurm SIGKILLs what is left after
@@ -183,9 +195,9 @@ def stop(slurm: Slurm, ref: dict, grace_s: float) -> None:
     job_id = str(ref["job_id"])
     if state != "PENDING":
         # Steps only: the batch shell stays to see srun end and the job out.
-        slurm.run(["scancel", "--signal=TERM", job_id])
+        scancel(slurm, "--signal=TERM", job_id)
         if _wait_over(slurm, ref, grace_s):
             return
-    slurm.run(["scancel", job_id])
+    scancel(slurm, job_id)
     if not _wait_over(slurm, ref, 60.0):
         raise TemporaryError(f"Slurm job {job_id} still {state} after scancel", delay=5.0)

@@ -122,7 +122,7 @@ class SlurmProvider:
         for line in listed.splitlines():
             job_id, _, note = line.partition(" ")
             if note.strip() == attempts.comment(self.cluster):
-                self.slurm.run(["scancel", "--signal=TERM", job_id])
+                attempts.scancel(self.slurm, "--signal=TERM", job_id)
 
     def replace(self, pool: PoolInfo, node: str) -> NodeInfo | None:
         """Slurm brings up no machine for us: the node is left drained with
