@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-stamp
 TORCH ?= 2.13.0
 
 .PHONY: run test test-fast test-trainer install migrate demo lint bench clean \
-	kube-build kube-build-if-go kube-up kube-down
+	kube-build kube-build-if-go kube-up kube-down slurm-up slurm-down
 
 $(STAMP): pyproject.toml worker_image/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -85,6 +85,16 @@ kube-up: install
 
 kube-down:
 	$(PY) -m testcluster down --state $(KUBE_STATE)
+
+# A real Slurm on this machine (slurmcluster/, docs/slurm.md) from Debian's
+# packages: munged, slurmctld and six slurmds on loopback ports, as root.
+SLURM_STATE ?= $(CURDIR)/.regatta/slurm
+
+slurm-up: install
+	$(PY) -m slurmcluster up --state $(SLURM_STATE)
+
+slurm-down:
+	$(PY) -m slurmcluster down --state $(SLURM_STATE)
 
 # ruff, then the arrows (pyproject.toml's [tool.importlinter] contracts).
 lint: install

@@ -17,6 +17,7 @@ class Cluster(models.Model):
     class Provider(models.TextChoices):
         LOCAL = "local", "Local (torchrun on this machine)"
         KUBERNETES = "kubernetes", "Kubernetes (Kubeflow PyTorchJob)"
+        SLURM = "slurm", "Slurm (one sbatch per attempt)"
 
     name = models.SlugField(max_length=63, unique=True)
     provider = models.CharField(max_length=20, choices=Provider.choices, default=Provider.LOCAL)

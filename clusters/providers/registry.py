@@ -13,6 +13,7 @@ from .base import PoolInfo
 _IMPLEMENTATIONS: dict[str, object] = {
     "local": "clusters.providers.local:LocalProvider",
     "kubernetes": "clusters.providers.kubernetes:KubernetesProvider",
+    "slurm": "clusters.providers.slurm:SlurmProvider",
 }
 
 

@@ -37,12 +37,15 @@ def free_port() -> int:
 TORCHRUN_SHUTDOWN_TIMEOUT_S = 600
 
 
-def torchrun_argv(python: str, nnodes: int, node_rank: int, nproc: int, port: int,
-                  command: tuple[str, ...]) -> list[str]:
+def torchrun_argv(python: str, nnodes: int, node_rank: int | str, nproc: int, port: int | str,
+                  command: tuple[str, ...], master_addr: str = "127.0.0.1") -> list[str]:
+    """One node's torchrun. `node_rank`, `port` and `master_addr` may be
+    placeholders that a launcher fills in on the node (the Slurm provider's
+    batch script knows them only once Slurm placed the job)."""
     return [
         python, "-m", "torch.distributed.run",
         f"--nnodes={nnodes}", f"--node_rank={node_rank}", f"--nproc_per_node={nproc}",
-        "--master_addr=127.0.0.1", f"--master_port={port}",
+        f"--master_addr={master_addr}", f"--master_port={port}",
         "--max-restarts=0", "--monitor-interval=0.5",
         # torchrun would SIGKILL its ranks 30 s after a SIGTERM by default,
         # cutting an emergency checkpoint short; stop()'s grace is the bound.

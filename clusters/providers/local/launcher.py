@@ -1,11 +1,14 @@
 """The per-node wrapper around torchrun, run detached by the local provider.
 
-    python launcher.py run --dir <attempt>/node-<i> -- <torchrun argv...>
+    python launcher.py run [--foreground] --dir <attempt>/node-<i> -- <torchrun argv...>
     python launcher.py kill-after --seconds S --fleet F --node N
 
 `run` forks away from its parent (so the worker that launched it can exit or
 restart), records its own pid and torchrun's in `launcher.json`, waits for
-torchrun, and writes how it ended to `exit.json`. torchrun itself only says
+torchrun, and writes how it ended to `exit.json`. `--foreground` stays in
+its parent's process instead: a Slurm job step (clusters/providers/slurm/)
+lasts as long as its task, and Slurm tracks and signals the step's
+processes. torchrun itself only says
 "1" when a rank fails, so the rank's own exit code or signal is read back from
 torchrun's failure report ("Root Cause ... exitcode : 83"). A node with a
 `launcher.json` but neither a live launcher nor an `exit.json` was killed.
@@ -70,8 +73,8 @@ def outcome(returncode: int, log: Path) -> dict:
     return result
 
 
-def run(node_dir: Path, argv: list[str]) -> int:
-    if os.fork():
+def run(node_dir: Path, argv: list[str], foreground: bool = False) -> int:
+    if not foreground and os.fork():
         os._exit(0)  # the launching process returns at once; we go on alone
     # The provider signals the whole session on stop; the launcher outlives
     # torchrun on purpose, to write down how it ended.
@@ -115,6 +118,7 @@ def main(args: list[str]) -> int:
     sub = parser.add_subparsers(dest="mode", required=True)
     p_run = sub.add_parser("run")
     p_run.add_argument("--dir", required=True, type=Path)
+    p_run.add_argument("--foreground", action="store_true")
     p_run.add_argument("argv", nargs=argparse.REMAINDER)
     p_kill = sub.add_parser("kill-after")
     p_kill.add_argument("--seconds", required=True, type=float)
@@ -123,7 +127,7 @@ def main(args: list[str]) -> int:
     opts = parser.parse_args(args)
     if opts.mode == "run":
         argv = opts.argv[1:] if opts.argv[:1] == ["--"] else opts.argv
-        return run(opts.dir, argv)
+        return run(opts.dir, argv, foreground=opts.foreground)
     return kill_after(opts.seconds, opts.fleet, opts.node)
 
 

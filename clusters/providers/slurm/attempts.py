@@ -1,0 +1,203 @@
+"""Launching, observing and stopping attempts as Slurm batch jobs.
+
+An attempt lives in `<shared_dir>/<name>/`, a folder every Slurm node sees at
+the same path (the shared file system checkpoints go to): `batch.sh`,
+`node.sh`, `batch.log`, `ref.json`, and per node `node-<rank>/` with the
+launcher's `exit.json`, `stdout.log` and the ranks' `status/rank-<r>.json`.
+Slurm says whether the job is pending, running or over (and why); the files
+say how each node's torchrun ended, which Slurm's one exit code cannot.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+from pathlib import Path
+
+from controlplane.lib.errors import PermanentError, TemporaryError
+
+from ..base import AttemptStatus, LaunchRequest, NodeProcess, StartIssue
+from ..local import procs
+from ..local.attempts import log_tail, rank_records
+from ..local.base_paths import LAUNCHER
+from ..local.book import file_lock, read_json, write_json
+from ..local.environment import rank_environment
+from . import batch
+from .commands import Slurm, SlurmCommandError
+from .nodes import LOST, state_words
+
+ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED",
+                    "RESIZING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING",
+                    "STAGE_OUT", "STOPPED"})
+
+
+def comment(cluster: str) -> str:
+    """Marks Regatta's own jobs in `squeue` (a drain signals only those)."""
+    return f"regatta:{cluster}"
+
+
+def launch(slurm: Slurm, shared: Path, cluster: str, partition: str, feature: str,
+           request: LaunchRequest, python: str) -> dict:
+    if not request.placements:
+        raise PermanentError(f"attempt {request.name}: no placements")
+    attempt_dir = shared / request.name
+    with file_lock(shared / f"{request.name}.lock"):
+        existing = read_json(attempt_dir / "ref.json")
+        if existing:
+            return existing
+        # Submitted by a launch that died before writing ref.json: that job
+        # is the attempt, never a second one beside it.
+        found = slurm.run(["squeue", "-h", "-n", request.name, "-o", "%i %k"]).split()
+        if len(found) >= 2 and found[1] == comment(cluster):
+            job_id = found[0]
+        else:
+            job_id = _submit(slurm, attempt_dir, cluster, partition, feature, request, python)
+        ref = {"job_id": job_id, "dir": str(attempt_dir), "name": request.name,
+               "nodes": [{"node": p.node, "node_rank": p.node_rank}
+                         for p in sorted(request.placements, key=lambda p: p.node_rank)]}
+        write_json(attempt_dir / "ref.json", ref)
+        return ref
+
+
+def _submit(slurm: Slurm, attempt_dir: Path, cluster: str, partition: str, feature: str,
+            request: LaunchRequest, python: str) -> str:
+    if attempt_dir.exists():
+        shutil.rmtree(attempt_dir)  # a launch that died before sbatch: start over
+    attempt_dir.mkdir(parents=True)
+    shutil.copy(LAUNCHER, attempt_dir / "launcher.py")
+    shutil.copy(Path(procs.__file__), attempt_dir / "procs.py")
+    (attempt_dir / "node.sh").write_text(batch.node_script(str(attempt_dir), python, request))
+    script = attempt_dir / "batch.sh"
+    script.write_text(batch.batch_script(str(attempt_dir), python, request))
+    # The job's environment is the submitter's (--export=ALL): only what
+    # the ranks may see, never the control plane's own secrets.
+    env = rank_environment({"OMP_NUM_THREADS": "1", **request.env})
+    if request.checkpoint_uri:
+        env.setdefault("REGATTA_CHECKPOINT_URI", request.checkpoint_uri)
+    nodes = sorted(request.placements, key=lambda p: p.node_rank)
+    argv = [
+        "sbatch", "--parsable", f"--job-name={request.name}", f"--partition={partition}",
+        f"--nodes={len(nodes)}", f"--nodelist={','.join(p.node for p in nodes)}",
+        "--ntasks-per-node=1", "--exclusive",
+        # Regatta decides relaunches, on nodes it chose: Slurm's own requeue
+        # would race it (and waits ~120 s before a requeued job may start).
+        "--no-requeue", f"--comment={comment(cluster)}", "--export=ALL",
+        f"--chdir={attempt_dir}", f"--output={attempt_dir / 'batch.log'}",
+    ]
+    if request.pool.gpus_per_node:
+        argv.append(f"--gpus-per-node={request.pool.gpus_per_node}")
+    if feature:
+        argv.append(f"--constraint={feature}")
+    out = slurm.run([*argv, str(script)], env=env)
+    job_id = out.strip().split(";")[0]
+    if not job_id.isdigit():
+        raise TemporaryError(f"sbatch answered {out!r}", delay=5.0)
+    return job_id
+
+
+def _job(slurm: Slurm, ref: dict) -> dict:
+    found = slurm.show("job", str(ref["job_id"]))
+    return found[0] if found else {}
+
+
+def _node(slurm: Slurm, name: str) -> dict:
+    found = slurm.show("node", name)
+    return found[0] if found else {}
+
+
+def _observe_node(slurm: Slurm, attempt_dir: Path, entry: dict, active: bool) -> NodeProcess:
+    node_dir = attempt_dir / f"node-{entry['node_rank']}"
+    ended = read_json(node_dir / "exit.json")
+    exit_code = sig = None
+    running = active and not ended
+    lost = ""
+    if ended:
+        exit_code, sig = ended.get("exit_code"), ended.get("signal")
+    elif not active:
+        # The job is over and this node's launcher never wrote how torchrun
+        # ended: it was killed (scancel, or the node went with it).
+        sig = signal.SIGKILL.value
+    if not ended:
+        node = _node(slurm, entry["node"])
+        if state_words(node.get("State", "")) & LOST:
+            lost = (f"Slurm reports {entry['node']} {node.get('State')}: "
+                    f"{node.get('Reason', '')}").strip(": ")
+            running = False
+            sig = sig or signal.SIGKILL.value
+    return NodeProcess(
+        node=entry["node"], node_rank=entry["node_rank"], running=running,
+        exit_code=exit_code, signal=sig, ranks=rank_records(node_dir / "status"),
+        log_tail=log_tail(node_dir / "stdout.log"), node_lost=lost,
+    )
+
+
+def observe(slurm: Slurm, ref: dict) -> AttemptStatus:
+    attempt_dir = Path(ref["dir"])
+    job = _job(slurm, ref)
+    state = job.get("JobState", "")
+    active = state in ACTIVE
+    where = f"Slurm job {ref['job_id']} {state or 'unknown to slurmctld'}"
+    if state == "PENDING":
+        # Slurm's own reason: Resources, Priority, ReqNodeNotAvail, ...
+        return AttemptStatus(state="running", message=f"{where}: {job.get('Reason')}",
+                             start_issues=(StartIssue(reason=job.get("Reason", "Pending"),
+                                                      message=where),))
+    if not job and not attempt_dir.is_dir():
+        return AttemptStatus(state="unknown", message=f"{where}; {attempt_dir} is missing")
+    nodes = tuple(_observe_node(slurm, attempt_dir, e, active) for e in ref["nodes"])
+    failed = [n for n in nodes if not n.running and (n.signal or (n.exit_code or 0) != 0)]
+    if failed:
+        first = failed[0]
+        how = f"signal {first.signal}" if first.signal else f"exit code {first.exit_code}"
+        return AttemptStatus(
+            state="failed", nodes=nodes,
+            message=f"node {first.node} (rank {first.node_rank}) ended by {how}; {where}, "
+                    f"exit {job.get('ExitCode', '?')}, {job.get('Reason', '')}".rstrip(", "))
+    if any(n.running for n in nodes):
+        return AttemptStatus(state="running", nodes=nodes, message=where)
+    if not job and not all(read_json(attempt_dir / f"node-{e['node_rank']}" / "exit.json")
+                           for e in ref["nodes"]):
+        return AttemptStatus(state="unknown", nodes=nodes, message=where)
+    return AttemptStatus(state="succeeded", nodes=nodes, message=f"every node exited 0; {where}")
+
+
+def _wait_over(slurm: Slurm, ref: dict, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if _job(slurm, ref).get("JobState", "") not in ACTIVE:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+
+
+_OVER_ALREADY = ("Invalid job id", "already completing or completed", "already completed")
+
+
+def scancel(slurm: Slurm, *args: str) -> None:
+    """scancel, where a job that ended meanwhile is what was asked for."""
+    try:
+        slurm.run(["scancel", *args])
+    except SlurmCommandError as exc:
+        if not any(words in str(exc) for words in _OVER_ALREADY):
+            raise
+
+
+def stop(slurm: Slurm, ref: dict, grace_s: float) -> None:
+    """SIGTERM the job's steps (the trainer checkpoints and exits 83), then
+    cancel it outright after `grace_s`: Slurm SIGKILLs what is left after
+    its KillWait. Over when slurmctld says the job is."""
+    job = _job(slurm, ref)
+    state = job.get("JobState", "")
+    if state not in ACTIVE:
+        return
+    job_id = str(ref["job_id"])
+    if state != "PENDING":
+        # Steps only: the batch shell stays to see srun end and the job out.
+        scancel(slurm, "--signal=TERM", job_id)
+        if _wait_over(slurm, ref, grace_s):
+            return
+    scancel(slurm, job_id)
+    if not _wait_over(slurm, ref, 60.0):
+        raise TemporaryError(f"Slurm job {job_id} still {state} after scancel", delay=5.0)

@@ -1,0 +1,74 @@
+"""The batch script of an attempt: one `srun` step, one task per node, each
+running the local provider's launcher around one torchrun.
+
+Slurm places the job, so which host is node 0 and which port is free there
+is known only inside the allocation: the node script fills torchrun's
+`--node_rank`, `--master_addr` and `--master_port` in at run time. A node's
+rank is its placement's (a table by Slurm node name), not Slurm's node id,
+so the control plane's view of which node runs which ranks holds.
+
+The launcher (clusters/providers/local/launcher.py) and its `procs` module
+are copied into the attempt's folder: a Slurm node needs the worker's Python
+and torch, not the control plane's code. Its per-node `exit.json` and the
+ranks' status files are what `observe` reads back, as on the local fleet.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from ..base import LaunchRequest
+from ..local.attempts import torchrun_argv
+
+NODE_RANK, MASTER_ADDR, MASTER_PORT = "@NODE_RANK@", "@MASTER_ADDR@", "@MASTER_PORT@"
+# A node that Slurm gave the job but that is none of its placements: the
+# script refuses to run there (cannot happen with --nodelist; a guard).
+NOT_PLACED_EXIT = 97
+_FREE_PORT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+
+
+def _word(arg: str) -> str:
+    """`arg` quoted for bash, with the placeholders left to expand."""
+    quoted = "'" + arg.replace("'", "'\"'\"'") + "'"
+    for placeholder, var in ((NODE_RANK, "NODE_RANK"), (MASTER_ADDR, "MASTER_ADDR"),
+                             (MASTER_PORT, "MASTER_PORT")):
+        quoted = quoted.replace(placeholder, f"'\"${var}\"'")
+    return quoted
+
+
+def node_script(attempt_dir: str, python: str, request: LaunchRequest) -> str:
+    placements = sorted(request.placements, key=lambda p: p.node_rank)
+    argv = torchrun_argv(python, len(placements), NODE_RANK, request.nproc_per_node,
+                         MASTER_PORT, tuple(request.command), master_addr=MASTER_ADDR)
+    cases = "\n".join(f"  {shlex.quote(p.node)}) NODE_RANK={p.node_rank} ;;" for p in placements)
+    launcher = f"{attempt_dir}/launcher.py"
+    return f"""#!/bin/bash
+# One node's part of Regatta attempt {request.name}, run by srun on every node.
+case "$SLURMD_NODENAME" in
+{cases}
+  *) echo "regatta: $SLURMD_NODENAME is no placement of this attempt" >&2; exit {NOT_PLACED_EXIT} ;;
+esac
+NODE_DIR={shlex.quote(attempt_dir)}/node-$NODE_RANK
+mkdir -p "$NODE_DIR/status"
+export REGATTA_NODE="$SLURMD_NODENAME" REGATTA_STATUS_DIR="$NODE_DIR/status"
+exec {shlex.quote(python)} {shlex.quote(launcher)} run --foreground --dir "$NODE_DIR" -- \\
+  {' '.join(_word(a) for a in argv)}
+"""
+
+
+def batch_script(attempt_dir: str, python: str, request: LaunchRequest) -> str:
+    first = min(request.placements, key=lambda p: p.node_rank).node
+    nnodes = len(request.placements)
+    return f"""#!/bin/bash
+# Regatta attempt {request.name}: one torchrun per node (docs/slurm.md).
+set -u
+# Node rank 0 hosts torchrun's store: its address as Slurm knows it. The port
+# is picked free here, on the batch host (Slurm's first node; node rank 0's
+# host unless Regatta ranked the nodes otherwise).
+MASTER_ADDR=$(scontrol show node -o {shlex.quote(first)} | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)
+MASTER_PORT=$({shlex.quote(python)} -c {shlex.quote(_FREE_PORT)})
+export MASTER_ADDR MASTER_PORT
+echo "regatta: master $MASTER_ADDR:$MASTER_PORT on $SLURM_JOB_NODELIST"
+exec srun --nodes={nnodes} --ntasks-per-node=1 --kill-on-bad-exit=0 --export=ALL \\
+  bash {shlex.quote(attempt_dir)}/node.sh
+"""

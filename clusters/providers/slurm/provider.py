@@ -1,0 +1,180 @@
+"""The Slurm provider: a partition as the fleet, one `sbatch` per attempt
+(docs/slurm.md).
+
+Slurm owns the machines and places jobs on the nodes Regatta names
+(`--nodelist`); Regatta owns health, spares, relaunches and evidence. A pool
+is a partition, narrowed to a node feature when the pool sets one. Nodes are
+never created here: `provision_node` says so, and `replace` retires a node by
+draining it with a reason that says why.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings as django_settings
+
+from controlplane.lib.errors import PermanentError
+from controlplane.lib.typed_settings import setting
+
+from ..base import (
+    AttemptStatus,
+    HealthSignal,
+    LaunchRequest,
+    NodeInfo,
+    Placement,
+    PoolInfo,
+    PreflightResult,
+    ScalingStatus,
+    preflight_evidence,
+)
+from . import attempts
+from .commands import Slurm
+from .nodes import REASON_PREFIX, in_pool, lost_signal, node_info, state_words
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """A Slurm cluster's own settings (docs/slurm.md)."""
+
+    slurm_conf: str = setting("", "slurm.conf of the cluster (default: SLURM_CONF, then "
+                              "/etc/slurm/slurm.conf)")
+    partition: str = setting("", "partition of the pools that name none")
+    shared_dir: str = setting("", "folder every Slurm node sees at the same path, for the "
+                              "attempts' scripts and exit records (default: "
+                              "<REGATTA_STATE_DIR>/slurm-attempts/<cluster>, one machine only)")
+    python: str = setting("", "interpreter with torch on the nodes (default: this one)")
+
+
+@dataclass(frozen=True)
+class SlurmPoolSettings:
+    partition: str = setting("", "the pool's partition (default: the cluster's)")
+    feature: str = setting("", "a node feature the pool's nodes carry (sbatch --constraint)")
+
+
+class SlurmProvider:
+    kind = "slurm"
+    Settings = SlurmSettings
+    PoolSettings = SlurmPoolSettings
+
+    def __init__(self, cluster: str, settings: SlurmSettings, slurm: Slurm | None = None):
+        self.cluster = cluster
+        self.settings = settings
+        self.slurm = slurm or Slurm(settings.slurm_conf)
+        base = settings.shared_dir or Path(django_settings.STATE_DIR) / "slurm-attempts" / cluster
+        self.shared = Path(base).resolve()
+        self.python = settings.python or sys.executable
+
+    @classmethod
+    def for_cluster(cls, name: str, settings: SlurmSettings) -> SlurmProvider:
+        return cls(name, settings)
+
+    # --- nodes ------------------------------------------------------------
+    def _where(self, pool: PoolInfo) -> tuple[str, str]:
+        own = pool.settings if isinstance(pool.settings, SlurmPoolSettings) else None
+        partition = (own.partition if own else "") or self.settings.partition
+        if not partition:
+            raise PermanentError(f"{self.cluster}/{pool.name}: no Slurm partition; set the "
+                                 "pool's or the cluster's `partition`")
+        return partition, own.feature if own else ""
+
+    def _records(self, pool: PoolInfo) -> list[dict]:
+        partition, feature = self._where(pool)
+        return [r for r in self.slurm.show("node") if in_pool(r, partition, feature)]
+
+    def _record(self, pool: PoolInfo, node: str) -> dict:
+        found = [r for r in self._records(pool) if r["NodeName"] == node]
+        if not found:
+            raise PermanentError(f"{self.cluster}/{pool.name}: no Slurm node {node!r} in "
+                                 f"partition {self._where(pool)[0]}")
+        return found[0]
+
+    def list_nodes(self, pool: PoolInfo) -> list[NodeInfo]:
+        return [node_info(r, pool.name) for r in self._records(pool)]
+
+    def provision_node(self, pool: PoolInfo, name: str = "") -> NodeInfo:
+        raise PermanentError(f"{self.cluster}/{pool.name}: Slurm's nodes come from its "
+                             f"slurm.conf; add nodes to partition {self._where(pool)[0]}")
+
+    def _update(self, node: str, state: str, reason: str = "") -> None:
+        argv = ["scontrol", "update", f"nodename={node}", f"state={state}"]
+        self.slurm.run([*argv, f"reason={reason}"] if reason else argv)
+
+    def cordon(self, pool: PoolInfo, node: str) -> None:
+        rec = self._record(pool, node)
+        if state_words(rec.get("State", "")) & {"DRAIN", "DRAINED", "DRAINING"}:
+            return  # drained already, by us or an operator: keep that reason
+        self._update(node, "drain", f"{REASON_PREFIX}cordoned")
+
+    def uncordon(self, pool: PoolInfo, node: str) -> None:
+        rec = self._record(pool, node)
+        if state_words(rec.get("State", "")) & {"DRAIN", "DRAINED", "DRAINING", "DOWN"}:
+            self._update(node, "resume")
+
+    def drain(self, pool: PoolInfo, node: str, grace_s: float = 60.0) -> None:
+        """Drain the node in Slurm and SIGTERM Regatta's jobs on it: the
+        trainer takes an emergency checkpoint and exits 83; the job's stop
+        then ends what is left."""
+        self.cordon(pool, node)
+        listed = self.slurm.run(["squeue", "-h", "-w", node, "-t", "RUNNING", "-o", "%i %k"])
+        for line in listed.splitlines():
+            job_id, _, note = line.partition(" ")
+            if note.strip() == attempts.comment(self.cluster):
+                attempts.scancel(self.slurm, "--signal=TERM", job_id)
+
+    def replace(self, pool: PoolInfo, node: str) -> NodeInfo | None:
+        """Slurm brings up no machine for us: the node is left drained with
+        the reason, for its owners to mend and resume."""
+        rec = self._record(pool, node)
+        if not (rec.get("Reason") or "").startswith(f"{REASON_PREFIX}replaced"):
+            self._update(node, "drain", f"{REASON_PREFIX}replaced")
+        return None
+
+    def scaling_status(self, pool: PoolInfo, since) -> ScalingStatus:
+        return ScalingStatus()  # nothing is ever asked of Slurm for capacity
+
+    def release(self, pool: PoolInfo, node: str, provider_id: str) -> str | None:
+        return ""  # the drained node stays Slurm's
+
+    # --- attempts ---------------------------------------------------------
+    def launch(self, request: LaunchRequest) -> dict:
+        partition, feature = self._where(request.pool)
+        return attempts.launch(self.slurm, self.shared, self.cluster, partition, feature,
+                               request, self.python)
+
+    def observe(self, ref: dict) -> AttemptStatus:
+        return attempts.observe(self.slurm, ref)
+
+    def stop(self, ref: dict, grace_s: float = 30.0) -> None:
+        attempts.stop(self.slurm, ref, grace_s)
+
+    def preflight(self, pool: PoolInfo, placements: tuple[Placement, ...],
+                  timeout_s: float = 60.0) -> PreflightResult:
+        """Slurm's own view of the chosen nodes (up, not drained): a state
+        check, not a collective; docs/slurm.md says what is left to do."""
+        records = {r["NodeName"]: r for r in self._records(pool)}
+        per_node, failed = {}, []
+        for p in placements:
+            info = node_info(records[p.node], pool.name) if p.node in records else None
+            ok = info is not None and info.ready and not info.unschedulable
+            per_node[p.node] = {"ok": ok} if ok else {
+                "ok": False, "check": "slurm-state",
+                "error": f"Slurm state {info.conditions['State']}: {info.conditions['Reason']}"
+                if info else "not in the pool's partition"}
+            if not ok:
+                failed.append(p.node)
+        return PreflightResult(
+            ok=not failed, failed_nodes=tuple(failed),
+            evidence=preflight_evidence(per_node, seconds=0.0, method="slurm-state"),
+            message=f"Slurm state check failed on {', '.join(failed)}" if failed
+            else f"{len(placements)} nodes up and not drained in Slurm")
+
+    # --- health -------------------------------------------------------------
+    def health_signals(self, pool: PoolInfo) -> list[HealthSignal]:
+        return [s for s in map(lost_signal, self._records(pool)) if s is not None]
+
+    def inject_fault(self, pool: PoolInfo, node: str, kind: str) -> dict:
+        raise PermanentError("fault injection is the local provider's; on Slurm, stop the "
+                             "node's slurmd (docs/slurm.md)")

@@ -1,0 +1,410 @@
+"""Starts and stops a one-machine Slurm in a state folder.
+
+munged (as the munge user, with its own key and socket), slurmctld and one
+`slurmd -N nX` per emulated node, all in the foreground of processes this
+module starts in sessions of their own, like testcluster/cluster.py: logs in
+`<state>/log/`, pids in `<state>/pids/` (with the binary, so a pid reused
+after a crash is never signalled), so `down` or the next `up` stops exactly
+what this folder started. Every port is a free loopback port picked at `up`.
+
+Root only: slurmd must be root to start job steps as their user, and munged
+runs as the munge user that Debian's package creates.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+DAEMONS = {"munged": "/usr/sbin/munged", "slurmctld": "/usr/sbin/slurmctld",
+           "slurmd": "/usr/sbin/slurmd"}
+CLIENTS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo", "srun")
+PACKAGES = "slurmctld slurmd slurm-client munge slurmrestd"
+ENABLE_HINT = (f"apt-get install -y --no-install-recommends {PACKAGES} (as root) to enable "
+               "the real-Slurm tests")
+# Unix socket paths are limited to 108 bytes, munge's included.
+_SOCKET_PATH_MAX = 100
+
+
+class SlurmClusterError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def why_unavailable() -> str | None:
+    """Why a Slurm cannot start here, or None."""
+    missing = [p for p in DAEMONS.values() if not os.access(p, os.X_OK)]
+    missing += [c for c in CLIENTS if shutil.which(c) is None]
+    if missing:
+        return f"Slurm's packages are missing ({', '.join(missing)}): {ENABLE_HINT}"
+    if os.geteuid() != 0:
+        return "the one-machine Slurm needs root (slurmd starts job steps as their user)"
+    try:
+        pwd.getpwnam("munge")
+    except KeyError:
+        return f"no munge user: {ENABLE_HINT}"
+    return None
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    partition: str
+    port: int
+    gpus: int = 2
+    cpus: int = 2
+    features: str = ""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The emulated nodes: `working` in partition `gpu` (the default) and
+    `spares` in partition `spare`, each with `gpus` fake GPUs."""
+
+    ctld_port: int
+    nodes: tuple[NodeSpec, ...]
+
+    @classmethod
+    def pick(cls, working: int = 4, spares: int = 2, gpus: int = 2) -> Layout:
+        nodes = tuple(
+            NodeSpec(name=f"n{i}", partition="gpu" if i <= working else "spare",
+                     port=free_port(), gpus=gpus)
+            for i in range(1, working + spares + 1))
+        return cls(ctld_port=free_port(), nodes=nodes)
+
+    def partition(self, name: str) -> list[str]:
+        return [n.name for n in self.nodes if n.partition == name]
+
+
+class SlurmCluster:
+    """One Slurm in one state folder."""
+
+    def __init__(self, state: Path):
+        self.state = Path(state).resolve()
+        self.log_dir = self.state / "log"
+        self.pids = self.state / "pids"
+        self.munge_dir = self.state / "munge"
+        self.conf = self.state / "etc" / "slurm.conf"
+        self._procs: dict[str, subprocess.Popen] = {}
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.munge_dir / "munge.socket"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a Slurm client needs to talk to this cluster."""
+        return {"SLURM_CONF": str(self.conf)}
+
+    def layout(self) -> Layout:
+        raw = json.loads((self.state / "layout.json").read_text())
+        return Layout(ctld_port=raw["ctld_port"],
+                      nodes=tuple(NodeSpec(**n) for n in raw["nodes"]))
+
+    # --- configuration ----------------------------------------------------
+    def _write_munge_key(self) -> None:
+        munge = pwd.getpwnam("munge")
+        self.munge_dir.mkdir(parents=True, exist_ok=True)
+        os.chown(self.munge_dir, munge.pw_uid, munge.pw_gid)
+        self.munge_dir.chmod(0o700)
+        key = self.munge_dir / "munge.key"
+        if not key.exists():
+            key.write_bytes(os.urandom(1024))
+        os.chown(key, munge.pw_uid, munge.pw_gid)
+        key.chmod(0o600)
+
+    def _write_conf(self, layout: Layout) -> None:
+        host = socket.gethostname().split(".")[0]
+        state = self.state
+        fakedev = state / "fakedev"
+        fakedev.mkdir(parents=True, exist_ok=True)
+        gres_lines = []
+        first = 0
+        for node in layout.nodes:
+            for i in range(first, first + node.gpus):
+                (fakedev / f"nvidia{i}").touch()
+            # Empty files are enough: a count-only Gres line leaves the node
+            # INVAL ("gres/gpu count reported lower than configured").
+            gres_lines.append(f"NodeName={node.name} Name=gpu "
+                              f"File={fakedev}/nvidia[{first}-{first + node.gpus - 1}]")
+            first += node.gpus
+        node_lines = [
+            f"NodeName={n.name} NodeHostname={host} NodeAddr=127.0.0.1 Port={n.port} "
+            f"CPUs={n.cpus} RealMemory=1000 Gres=gpu:{n.gpus} State=UNKNOWN"
+            + (f" Feature={n.features}" if n.features else "")
+            for n in layout.nodes]
+        partitions = sorted({n.partition for n in layout.nodes})
+        part_lines = [
+            f"PartitionName={p} Nodes={','.join(layout.partition(p))} "
+            f"Default={'YES' if p == 'gpu' else 'NO'} MaxTime=INFINITE State=UP"
+            for p in partitions]
+        conf = f"""\
+ClusterName=regatta
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={layout.ctld_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={self.munge_socket}
+StateSaveLocation={state}/ctld
+SlurmdSpoolDir={state}/spool/%n
+SlurmctldPidFile={state}/run/slurmctld.pid
+SlurmdPidFile={state}/run/slurmd-%n.pid
+SlurmctldLogFile={self.log_dir}/slurmctld.log
+SlurmdLogFile={self.log_dir}/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+MpiDefault=none
+SwitchType=switch/none
+MailProg=/bin/true
+# The configured CPUs and memory count, whatever this machine has.
+SlurmdParameters=config_overrides
+# A node whose slurmd comes back rejoins by itself; one lost is DOWN after 10 s.
+ReturnToService=2
+SlurmdTimeout=10
+# scancel's SIGKILL follows its SIGTERM after this long.
+KillWait=10
+# Ended jobs stay visible to `scontrol show job` this long.
+MinJobAge=600
+GresTypes=gpu
+{chr(10).join(node_lines)}
+{chr(10).join(part_lines)}
+"""
+        self.conf.parent.mkdir(parents=True, exist_ok=True)
+        self.conf.write_text(conf)
+        (self.conf.parent / "gres.conf").write_text("\n".join(gres_lines) + "\n")
+        (self.state / "layout.json").write_text(json.dumps(
+            {"ctld_port": layout.ctld_port, "nodes": [asdict(n) for n in layout.nodes]}))
+
+    # --- processes --------------------------------------------------------
+    def _spawn(self, name: str, argv: list[str], user: str | None = None) -> None:
+        as_user = {}
+        if user is not None:
+            entry = pwd.getpwnam(user)
+            as_user = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+        with open(self.log_dir / f"{name}.out", "ab") as log:
+            proc = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=self.state, env={**os.environ, **self.env},
+                # Its own session: a Ctrl-C in the terminal that ran `up`
+                # leaves the cluster up; `down` stops it.
+                start_new_session=True, **as_user,
+            )
+        self._procs[name] = proc
+        pidfile = self.pids / f"{name}.pid"
+        tmp = pidfile.with_suffix(".tmp")
+        tmp.write_text(f"{proc.pid}\n{argv[0]}\n")
+        tmp.rename(pidfile)
+
+    def running(self) -> dict[str, int]:
+        """Live daemons this folder started (a pid counts only while it still
+        runs the binary it was started with)."""
+        alive = {}
+        if not self.pids.exists():
+            return alive
+        for pidfile in sorted(self.pids.glob("*.pid")):
+            pid_text, _, binary = pidfile.read_text().partition("\n")
+            try:
+                argv0 = Path(f"/proc/{int(pid_text)}/cmdline").read_bytes().split(b"\0")[0]
+            except (OSError, ValueError):
+                continue
+            if argv0.decode(errors="replace") == binary.strip():
+                alive[pidfile.stem] = int(pid_text)
+        return alive
+
+    def stop_daemon(self, name: str, sig: int = signal.SIGKILL) -> int:
+        """Signal one daemon (`slurmd-n3`, `slurmctld`): tests lose a node so."""
+        pid = self.running()[name]
+        os.kill(pid, sig)
+        if name in self._procs:
+            self._procs[name].wait(timeout=10)
+        return pid
+
+    def start_slurmd(self, node: str) -> None:
+        self._spawn(f"slurmd-{node}", [DAEMONS["slurmd"], "-D", "-N", node,
+                                       "-f", str(self.conf)])
+
+    def cancel_jobs(self) -> None:
+        """Jobs die with their cluster: their steps (slurmstepd) outlive slurmd."""
+        if "slurmctld" not in self.running():
+            return
+        env = {**os.environ, **self.env}
+        subprocess.run(["scancel", "--full", "--quiet", "--state=RUNNING"], env=env,
+                       timeout=15, capture_output=True)
+        subprocess.run(["scancel", "--quiet", "--user=root"], env=env, timeout=15,
+                       capture_output=True)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            out = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, timeout=15,
+                                 capture_output=True, text=True)
+            if out.returncode != 0 or not out.stdout.strip():
+                return
+            time.sleep(0.2)
+
+    def _job_tasks(self, **wanted: str) -> list[int]:
+        """Pids of job processes of this cluster whose environment holds
+        every `wanted` pair (Slurm's SLURM_* variables)."""
+        wanted = {**wanted, "SLURM_CONF": str(self.conf)}
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                raw = Path(f"/proc/{entry}/environ").read_bytes()
+            except OSError:
+                continue
+            env = dict(item.partition(b"=")[::2] for item in raw.split(b"\0") if b"=" in item)
+            if all(env.get(k.encode()) == v.encode() for k, v in wanted.items()):
+                found.append(int(entry))
+        return found
+
+    def job_processes(self, job_id: str) -> list[int]:
+        """The live processes of one job, on any node."""
+        return [pid for pid in self._job_tasks(SLURM_JOB_ID=job_id) if _alive(pid)]
+
+    def kill_node_processes(self, node: str) -> list[int]:
+        """SIGKILL every job process on `node` and the slurmstepds above them,
+        as a machine that lost power would: slurmstepd outlives slurmd."""
+        tasks = self._job_tasks(SLURMD_NODENAME=node)
+        steps = set()
+        for pid in tasks:
+            try:
+                ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                if Path(f"/proc/{ppid}/comm").read_text().startswith("slurmstepd"):
+                    steps.add(ppid)
+            except (OSError, ValueError, IndexError):
+                continue
+        victims = sorted(steps) + tasks
+        for sig in (signal.SIGSTOP, signal.SIGKILL, signal.SIGCONT):
+            for pid in victims:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+        return victims
+
+    def down(self) -> None:
+        """Stops every daemon this folder started: jobs first, slurmds, then
+        slurmctld and munged."""
+        try:
+            self.cancel_jobs()
+        except (OSError, subprocess.SubprocessError):
+            pass  # best effort: the daemons go below whatever happens here
+        alive = self.running()
+        order = sorted(alive, key=lambda n: {"slurmctld": 1, "munged": 2}.get(n, 0))
+        for name in order:
+            try:
+                os.kill(alive[name], signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and self.running():
+            time.sleep(0.1)
+        for pid in self.running().values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for proc in self._procs.values():
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        self._procs.clear()
+        for pidfile in self.pids.glob("*.pid") if self.pids.exists() else ():
+            pidfile.unlink()
+
+    def _wait(self, what: str, check, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            try:
+                if check():
+                    return
+            except (OSError, subprocess.SubprocessError, ValueError) as exc:
+                last = exc
+            dead = {n: p.returncode for n, p in self._procs.items() if p.poll() is not None}
+            if dead:
+                name, code = next(iter(dead.items()))
+                raise SlurmClusterError(
+                    f"{', '.join(dead)} exited ({code}) while waiting for {what}; see "
+                    f"{self.log_dir}:\n{self.tail(name)}")
+            time.sleep(0.2)
+        raise SlurmClusterError(f"timed out waiting for {what} ({last}); see {self.log_dir}")
+
+    def tail(self, name: str, lines: int = 30) -> str:
+        texts = []
+        for path in (self.log_dir / f"{name}.out", self.log_dir / f"{name}.log"):
+            if path.exists():
+                texts.append("\n".join(path.read_text(errors="replace").splitlines()[-lines:]))
+        return "\n".join(texts)
+
+    def node_states(self) -> dict[str, str]:
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], env={**os.environ, **self.env},
+                             capture_output=True, text=True, timeout=15, check=True)
+        return dict(line.split() for line in out.stdout.splitlines() if line.strip())
+
+    def up(self, working: int = 4, spares: int = 2, log=print) -> Path:
+        """Starts a fresh cluster (stopping whatever this folder ran before,
+        forgetting its jobs) and returns its slurm.conf."""
+        if len(str(self.munge_socket)) > _SOCKET_PATH_MAX:
+            raise SlurmClusterError(f"state folder too deep for munge's socket: {self.state}")
+        self.down()
+        for sub in ("ctld", "spool", "run"):
+            shutil.rmtree(self.state / sub, ignore_errors=True)
+        for sub in ("log", "pids", "ctld", "spool", "run"):
+            (self.state / sub).mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        layout = Layout.pick(working, spares)
+        self._write_munge_key()
+        self._write_conf(layout)
+        munge_log = self.log_dir / "munged.log"
+        munge_log.touch()
+        munge = pwd.getpwnam("munge")
+        os.chown(munge_log, munge.pw_uid, munge.pw_gid)
+        self._spawn("munged", [
+            DAEMONS["munged"], "--foreground",
+            "--force", f"--socket={self.munge_socket}",
+            f"--key-file={self.munge_dir / 'munge.key'}",
+            f"--pid-file={self.munge_dir / 'munged.pid'}",
+            f"--seed-file={self.munge_dir / 'munged.seed'}", f"--log-file={munge_log}"],
+            user="munge")
+        self._wait("munged's socket", self.munge_socket.exists, 20)
+        # -i: the state folder was emptied above; nothing to recover.
+        self._spawn("slurmctld", [DAEMONS["slurmctld"], "-D", "-i", "-f", str(self.conf)])
+        for node in layout.nodes:
+            self.start_slurmd(node.name)
+        names = {n.name for n in layout.nodes}
+        self._wait("every node idle",
+                   lambda: {k for k, v in self.node_states().items() if v == "idle"} == names,
+                   60)
+        log(f"slurmcluster: {len(names)} nodes idle in {time.monotonic() - started:.1f} s; "
+            f"SLURM_CONF={self.conf}")
+        return self.conf
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")

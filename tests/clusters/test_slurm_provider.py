@@ -1,0 +1,162 @@
+"""The Slurm provider against a real slurmctld and slurmds (tests/support/
+slurm_cluster.py): attempts are sbatch jobs whose ranks are real torchrun
+processes (gloo on CPU), kept to a few steps."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from clusters.providers.base import LaunchRequest, Placement, PoolInfo
+from clusters.providers.slurm import SlurmPoolSettings, SlurmProvider, SlurmSettings
+from tests.support.waiting import eventually
+
+from .local_fleet import RANKS_SCRIPT, progress
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+NANO_TRAINER = {"model": "nano", "batch_size": 4, "max_steps": 4, "warmup_steps": 1,
+                "log_every_steps": 2, "heartbeat_interval_s": 0.5}
+LONG = {"REGATTA_TEST_STEPS": "600", "REGATTA_TEST_STEP_S": "0.1"}
+
+
+@pytest.fixture
+def provider(slurm_world, tmp_path):
+    provider = SlurmProvider("lab", SlurmSettings(slurm_conf=slurm_world.conf, partition="gpu",
+                                                  shared_dir=str(tmp_path / "shared")))
+    yield provider
+
+
+def pool(gpus: int = 2, **settings) -> PoolInfo:
+    return PoolInfo(cluster="lab", name="a", instance_type="slurm", gpus_per_node=gpus,
+                    settings=SlurmPoolSettings(**settings))
+
+
+def request(name: str, nodes: tuple[str, ...] = ("n1", "n2"), env: dict | None = None,
+            command: tuple[str, ...] | None = None) -> LaunchRequest:
+    return LaunchRequest(
+        job_id=1, attempt_id=1, attempt_number=1, name=name, pool=pool(),
+        placements=tuple(Placement(node=n, node_rank=i) for i, n in enumerate(nodes)),
+        nproc_per_node=1, image="slurm", command=(RANKS_SCRIPT,) if command is None else command,
+        env={"REGATTA_TEST_STEPS": "3", **(env or {})},
+    )
+
+
+def wait_done(provider, ref, timeout=120):
+    return eventually(lambda: (s := provider.observe(ref)).state != "running" and s,
+                      timeout=timeout, interval=0.3, what="the attempt to end")
+
+
+def test_it_lists_the_partitions_nodes_with_their_slurm_state(provider, slurm_world):
+    nodes = provider.list_nodes(pool())
+
+    assert [n.name for n in nodes] == ["n1", "n2", "n3", "n4"], "partition spare is not gpu"
+    assert all(n.ready and not n.unschedulable and n.gpus == 2 for n in nodes)
+    assert nodes[0].conditions["State"] == "IDLE"
+    assert [n.name for n in provider.list_nodes(pool(partition="spare"))] == ["n5", "n6"]
+
+
+def test_a_two_node_attempt_of_the_trainer_runs_as_one_sbatch_job(provider, slurm_world,
+                                                                  tmp_path):
+    ckpt = tmp_path / "ckpt"
+    req = request("job-1-a1", nodes=("n3", "n1"), command=("-m", "trainer"),
+                  env={"REGATTA_CONFIG": json.dumps(NANO_TRAINER),
+                       "REGATTA_CHECKPOINT_URI": str(ckpt), "REGATTA_RESUME_STEP": "none"})
+    ref = provider.launch(req)
+    assert provider.launch(req) == ref, "a second launch of the same attempt submits nothing"
+
+    status = wait_done(provider, ref)
+
+    assert status.state == "succeeded", status.message + "\n" + status.nodes[0].log_tail
+    assert [(n.node, n.node_rank, n.exit_code, n.signal) for n in status.nodes] == [
+        ("n3", 0, 0, None), ("n1", 1, 0, None)]
+    assert [[r["rank"] for r in n.ranks] for n in status.nodes] == [[0], [1]]
+    assert (ckpt / "step-4" / "COMMITTED").exists()
+    # Every node's exit record says 0 before Slurm has finished COMPLETING.
+    job = eventually(lambda: (j := slurm_world.job(ref["job_id"]))["JobState"] != "COMPLETING"
+                     and j, timeout=30, what="Slurm to complete the job")
+    assert job["JobState"] == "COMPLETED" and job["ExitCode"] == "0:0"
+    assert job["NodeList"] == "n[1,3]" and job["Requeue"] == "0"
+    assert job["JobName"] == "job-1-a1" and job["Comment"] == "regatta:lab"
+
+
+def test_a_rank_that_fails_fails_the_attempt_with_its_exit_code(provider, slurm_world):
+    ref = provider.launch(request("job-2-a1", env={"REGATTA_TEST_EXIT": "3"}))
+
+    status = wait_done(provider, ref)
+
+    assert status.state == "failed"
+    assert {(n.exit_code, n.signal) for n in status.nodes} == {(3, None)}
+    assert "exit code 3" in status.message
+    assert not status.nodes[0].node_lost, "a code error is no node's fault"
+    job = eventually(lambda: (j := slurm_world.job(ref["job_id"]))["JobState"]
+                     not in ("RUNNING", "COMPLETING") and j, timeout=30,
+                     what="Slurm to end the job")
+    assert job["JobState"] == "FAILED" and job["Restarts"] == "0"
+
+
+def test_stop_scancels_the_job_and_leaves_nothing_running(provider, slurm_world):
+    ref = provider.launch(request("job-3-a1", env=LONG))
+    eventually(lambda: progress(ref, 1, 1) >= 1, timeout=90, what="the gang to step")
+    assert slurm_world.job_processes(ref["job_id"])
+
+    provider.stop(ref, grace_s=15)
+    provider.stop(ref, grace_s=15)
+
+    # The steps heard SIGTERM and ended by themselves (FAILED: srun's exit 83);
+    # had they not, the scancel after the grace would have (CANCELLED).
+    assert slurm_world.job(ref["job_id"])["JobState"] in ("FAILED", "CANCELLED")
+    eventually(lambda: not slurm_world.job_processes(ref["job_id"]), timeout=30,
+               what="every process of the job to end")
+    status = provider.observe(ref)
+    assert status.state == "failed" and not any(n.running for n in status.nodes)
+    # SIGTERM first: the ranks exited as the trainer does when asked to stop.
+    assert {r["exit_code"] for n in status.nodes for r in n.ranks} == {83}
+
+
+def test_a_job_on_a_cordoned_node_waits_with_slurms_reason(provider, slurm_world):
+    provider.cordon(pool(), "n4")
+    assert slurm_world.node("n4")["Reason"].startswith("regatta: cordoned")
+    assert {n.name: n.unschedulable for n in provider.list_nodes(pool())}["n4"] is True
+    ref = provider.launch(request("job-4-a1", nodes=("n4",)))
+
+    status = eventually(lambda: (s := provider.observe(ref)).start_issues and s, timeout=30,
+                        what="Slurm to say why the job waits")
+
+    assert status.state == "running" and not status.user_errors
+    assert status.start_issues[0].reason.startswith("ReqNodeNotAvail")
+    provider.stop(ref, grace_s=5)
+    assert slurm_world.job(ref["job_id"])["JobState"] == "CANCELLED"
+    provider.uncordon(pool(), "n4")
+    assert "DRAIN" not in slurm_world.node("n4")["State"]
+
+
+def test_a_node_whose_slurmd_dies_is_down_and_fails_its_attempt(provider, slurm_world):
+    ref = provider.launch(request("job-5-a1", env=LONG))
+    eventually(lambda: progress(ref, 1, 1) >= 1, timeout=90, what="the gang to step")
+
+    slurm_world.lose_node("n2")
+    # Not responding at once; DOWN, with Slurm's reason, after SlurmdTimeout (10 s).
+    eventually(lambda: "DOWN" in slurm_world.node("n2")["State"], timeout=60, interval=0.5,
+               what="Slurm to call n2 DOWN")
+
+    status = eventually(lambda: (s := provider.observe(ref)).state == "failed"
+                        and s.nodes[1].node_lost and s, timeout=60,
+                        what="the attempt to fail with n2 lost")
+    lost = status.nodes[1]
+    assert (lost.node, lost.running, lost.signal) == ("n2", False, 9)
+    assert "DOWN" in lost.node_lost
+    nodes = {n.name: n for n in provider.list_nodes(pool())}
+    assert nodes["n2"].ready is False and nodes["n1"].ready is True
+    signals = provider.health_signals(pool())
+    assert [(s.node, s.kind, s.severity) for s in signals] == [("n2", "lost", "critical")]
+    assert "DOWN" in signals[0].evidence["slurm_state"]
+    assert signals[0].evidence["slurm_reason"].startswith("Not responding")
+    assert provider.health_signals(pool())[0].key == signals[0].key, "one event per loss"
+    provider.stop(ref, grace_s=5)
+    job = slurm_world.job(ref["job_id"])
+    assert job["JobState"] in ("NODE_FAIL", "CANCELLED") and job["Restarts"] == "0", (
+        "Slurm's own requeue stays off")
+    assert Path(ref["dir"], "batch.sh").exists()

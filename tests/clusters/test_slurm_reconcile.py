@@ -1,0 +1,61 @@
+"""The cluster reconciler over a real Slurm: nodes come from the partition,
+and a node whose slurmd dies is taken out of service with Slurm's own
+evidence, drained in Slurm too, and a spare takes its place."""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from clusters.models import Cluster, Node, NodeHealthEvent, NodePool
+from clusters.reconcile import reconcile_cluster_unlocked
+from tests.support.waiting import eventually
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180), pytest.mark.django_db]
+
+
+def slurm_cluster(slurm_world, tmp_path) -> Cluster:
+    cluster = Cluster.objects.create(
+        name="hpc", provider=Cluster.Provider.SLURM,
+        settings={"slurm_conf": slurm_world.conf, "partition": "gpu",
+                  "shared_dir": str(tmp_path / "shared"), "preflight": False})
+    NodePool.objects.create(cluster=cluster, name="gpu", instance_type="slurm", gpus_per_node=2,
+                            size=3, spare_count=1)
+    reconcile_cluster_unlocked(cluster.id, timezone.now())
+    return cluster
+
+
+def test_the_partitions_nodes_join_as_working_nodes_and_a_spare(slurm_world, tmp_path):
+    cluster = slurm_cluster(slurm_world, tmp_path)
+
+    nodes = Node.objects.filter(cluster=cluster).order_by("name")
+    assert [(n.name, n.state, n.is_spare, n.gpus) for n in nodes] == [
+        ("n1", "ready", False, 2), ("n2", "ready", False, 2), ("n3", "ready", False, 2),
+        ("n4", "ready", True, 2)]
+    assert nodes[0].provider_id == "slurm://n1"
+
+
+def test_a_node_whose_slurmd_dies_is_cordoned_with_slurms_evidence(slurm_world, tmp_path):
+    cluster = slurm_cluster(slurm_world, tmp_path)
+
+    slurm_world.lose_node("n2")
+
+    def taken_out():
+        reconcile_cluster_unlocked(cluster.id, timezone.now())
+        return Node.objects.get(cluster=cluster, name="n2").state not in ("ready", "failed")
+
+    eventually(taken_out, timeout=60, interval=1.0, what="the pass to take n2 out")
+    event = NodeHealthEvent.objects.get(node__name="n2", kind="lost")
+    assert event.severity == "critical"
+    assert "DOWN" in event.evidence["slurm_state"]
+    assert event.evidence["slurm_reason"].startswith("Not responding")
+    assert event.handled_at is not None
+    # Drained in Slurm too, with Regatta's reason beside Slurm's DOWN.
+    state = slurm_world.node("n2")
+    assert "DRAIN" in state["State"] and state["Reason"].startswith("regatta: ")
+    # The spare works in n2's place.
+    spare = Node.objects.get(cluster=cluster, name="n4")
+    assert (spare.is_spare, spare.state) == (False, "ready")
+    # One loss, one event, however many passes look at it.
+    reconcile_cluster_unlocked(cluster.id, timezone.now())
+    assert NodeHealthEvent.objects.filter(node__name="n2", kind="lost").count() == 1
