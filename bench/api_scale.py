@@ -146,7 +146,8 @@ def build_job_rows(long_job, args):
     from django.db import connection
 
     from checkpoints.models import Checkpoint
-    from jobs.models import JobAttempt, JobEvent, MetricPoint
+    from jobs.metrics.models import MetricPoint
+    from jobs.models import JobAttempt, JobEvent
 
     first = JobAttempt.objects.create(job=long_job, number=1, state="failed")
     clone("jobs_jobattempt", first.pk, args.long_attempts - 1, number="g + 1",

@@ -87,7 +87,7 @@ def main() -> None:
 
     from frontend import charts
     from jobs.metrics import series
-    from jobs.models import MetricPoint
+    from jobs.metrics.models import MetricPoint
 
     old_name = connection.settings_dict["NAME"]
     connection.creation.create_test_db(verbosity=0, autoclobber=True)

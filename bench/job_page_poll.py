@@ -42,7 +42,8 @@ EVENTS_PER_ATTEMPT = 6
 
 def build(name: str, checkpoints: int, attempts: int, team, cluster, pool):
     from checkpoints.models import Checkpoint
-    from jobs.models import JobAttempt, JobEvent, MetricPoint, TrainingJob
+    from jobs.metrics.models import MetricPoint
+    from jobs.models import JobAttempt, JobEvent, TrainingJob
 
     now = timezone.now()
     job = TrainingJob.objects.create(name=name, team=team, cluster=cluster, pool=pool,

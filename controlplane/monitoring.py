@@ -31,7 +31,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from clusters.models import Node
 from controlplane.lib import telemetry
-from jobs.models import GoodputEntry, MetricPoint, Phase, TrainingJob
+from jobs.goodput.models import GoodputEntry
+from jobs.metrics.models import MetricPoint
+from jobs.models import Phase, TrainingJob
 
 # Admissions this recent make the admission-wait quantiles.
 ADMISSION_WINDOW = timedelta(minutes=15)

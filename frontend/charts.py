@@ -8,7 +8,8 @@ browser a few hundred per series.
 from checkpoints.models import Checkpoint
 from frontend import expert_load
 from jobs.metrics import series
-from jobs.models import MetricPoint, TrainingJob
+from jobs.metrics.models import MetricPoint
+from jobs.models import TrainingJob
 
 POINTS = 600
 # The trainer reports throughput under one of these names; the first present wins.

@@ -13,7 +13,8 @@ import re
 import numpy as np
 
 from jobs.metrics import series
-from jobs.models import MetricName, TrainingJob
+from jobs.metrics.models import MetricName
+from jobs.models import TrainingJob
 
 COLUMNS = 200
 LOAD = re.compile(r"^moe/layer(\d+)/expert(\d+)_load$")

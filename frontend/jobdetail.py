@@ -14,7 +14,9 @@ from django.db.models import Count, Max, Q, Subquery, Sum
 
 from checkpoints.models import Checkpoint
 from jobs import goodput as ledger
-from jobs.models import GoodputEntry, JobAttempt, JobEvent, ProfileTrace, TrainingJob
+from jobs.goodput.models import GoodputEntry
+from jobs.models import JobAttempt, JobEvent, TrainingJob
+from jobs.profiling.models import ProfileTrace
 
 EVENT_LIMIT = 200
 # A page's revision changes at least this often, so what it shows relative

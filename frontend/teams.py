@@ -1,7 +1,8 @@
 """The team page's figures: quota usage, and GPU-hours held and lost."""
 
 from jobs.admission import quota_usage
-from jobs.models import GoodputEntry, Team
+from jobs.goodput.models import GoodputEntry
+from jobs.models import Team
 
 from .jobdetail import ledger_view
 

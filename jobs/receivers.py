@@ -10,7 +10,7 @@ from .models import JobAttempt, MetricPoint
 def delete_attempt_points(sender, instance, using, **kwargs):
     """Delete an attempt's metric points, once no batch can add to them.
 
-    Metric points carry no foreign key (jobs.models.MetricPoint): a batch's
+    Metric points carry no foreign key (jobs.metrics.models.MetricPoint): a batch's
     statement locks its attempts FOR KEY SHARE and writes only where the row
     is there (jobs/metrics/ingest.py). Locking the attempt FOR UPDATE first waits
     for a batch in flight to commit, and then its points are deleted with

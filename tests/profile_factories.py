@@ -8,7 +8,7 @@ import json
 from regatta.storage import profile_key
 
 from jobs.checkpointing import open_job_storage
-from jobs.models import ProfileTrace
+from jobs.profiling.models import ProfileTrace
 
 TRACE = {"traceEvents": [
     {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 5},

@@ -11,7 +11,8 @@ from rest_framework.test import APIClient
 
 from accounts.models import ApiToken
 from clusters.models import Node
-from jobs.models import JobAttempt, ProfileTrace, Quota
+from jobs.models import JobAttempt, Quota
+from jobs.profiling.models import ProfileTrace
 from notifications.models import Webhook
 from tests.api_factories import make_attempt, make_checkpoint, make_job, worker_client
 from tests.conftest import client_for

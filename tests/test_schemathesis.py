@@ -24,7 +24,8 @@ from schemathesis.specs.openapi.checks import response_schema_conformance
 from accounts.models import ApiToken
 from checkpoints.models import Checkpoint, ModelArtifact
 from clusters.models import Node, NodeHealthEvent
-from jobs.models import JobAttempt, JobEvent, MetricPoint, Quota
+from jobs.metrics.models import MetricPoint
+from jobs.models import JobAttempt, JobEvent, Quota
 from notifications.models import Webhook
 from tests.api_factories import make_attempt, make_job
 

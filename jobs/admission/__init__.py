@@ -35,7 +35,8 @@ from controlplane.lib.tasks import (
 )
 from jobs import goodput
 from jobs.admission import preemption, sharing
-from jobs.models import AttemptNode, GoodputEntry, JobAttempt, Phase, Quota, Team, TrainingJob
+from jobs.goodput.models import GoodputEntry
+from jobs.models import AttemptNode, JobAttempt, Phase, Quota, Team, TrainingJob
 
 log = logging.getLogger(__name__)
 

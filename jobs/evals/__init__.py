@@ -40,7 +40,8 @@ from checkpoints.models import Checkpoint
 from clusters.models import NodePool
 from controlplane.lib.tasks import RECONCILE_JOB
 from jobs.checkpointing import open_job_storage
-from jobs.models import EVAL_PRIORITY, JobEvent, MetricPoint, Phase, TrainingJob
+from jobs.metrics.models import MetricPoint
+from jobs.models import EVAL_PRIORITY, JobEvent, Phase, TrainingJob
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import Sum
 
 from checkpoints.models import Checkpoint
-from jobs.models import GoodputEntry, JobAttempt
+from jobs.goodput.models import GoodputEntry
+from jobs.models import JobAttempt
 
 Category = GoodputEntry.Category
 

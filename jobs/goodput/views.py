@@ -5,7 +5,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.permissions import IsPerson
-from jobs.models import GoodputEntry
+from jobs.goodput.models import GoodputEntry
 from jobs.serializers import goodput_totals
 from jobs.views.base import JobScopedMixin
 from jobs.visibility import visible_teams

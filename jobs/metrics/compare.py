@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 from django.db.models import Min
 
+from jobs.metrics.models import MetricName
 from jobs.metrics.series import DEFAULT_POINTS, effective_points_of, plan, series
-from jobs.models import MetricName, TrainingJob
+from jobs.models import TrainingJob
 from jobs.visibility import visible_jobs
 
 MAX_JOBS = 10

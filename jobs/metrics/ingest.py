@@ -52,7 +52,7 @@ MAX_STEP = 2**31 - 1
 MAX_NAME = 64
 # SQLite takes at most 32766 parameters a statement (7 a point).
 _POINTS_PER_STATEMENT = 2000
-# The points' primary key (jobs.models.MetricPoint).
+# The points' primary key (jobs.metrics.models.MetricPoint).
 _KEY = "job_id, name, rank, step, attempt_id"
 _INSERT = ("INSERT INTO jobs_metricpoint (job_id, attempt_id, rank, name, step, value, time) "
            f"VALUES {{values}} ON CONFLICT ({_KEY}) DO NOTHING "

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 from django.db.models import Count, Max, Min, Q, Sum
 
+from jobs.metrics.models import MetricRollup
 from jobs.metrics.rollups import LEVELS
-from jobs.models import MetricRollup
 
 
 @dataclass

@@ -12,7 +12,8 @@ from django.db.models import Count, ExpressionWrapper, F, IntegerField, Max, Min
 
 from jobs import evals
 from jobs.metrics import rollup_reads
-from jobs.models import JobAttempt, MetricPoint
+from jobs.metrics.models import MetricPoint
+from jobs.models import JobAttempt
 
 DEFAULT_POINTS = 600
 MAX_POINTS = 5000

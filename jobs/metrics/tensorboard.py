@@ -25,8 +25,9 @@ from tensorboardX.proto.event_pb2 import Event
 from tensorboardX.proto.summary_pb2 import Summary
 from tensorboardX.record_writer import masked_crc32c
 
+from jobs.metrics.models import MetricName
 from jobs.metrics.series import effective_points_of, plan
-from jobs.models import MetricName, TrainingJob
+from jobs.models import TrainingJob
 
 FILE_VERSION = "brain.Event:2"
 _CHUNK_ROWS = 20_000

@@ -18,7 +18,8 @@ from regatta.storage import profile_key
 
 from checkpoints.confinement import reported_key_uri_ok
 from jobs.checkpointing import job_checkpoint_uri
-from jobs.models import JobAttempt, ProfileTrace
+from jobs.models import JobAttempt
+from jobs.profiling.models import ProfileTrace
 
 # The most steps one profile may cover: a trace holds every op of every
 # step, and a big model's step makes tens of megabytes of it.

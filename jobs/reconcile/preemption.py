@@ -19,7 +19,8 @@ from checkpoints.models import Checkpoint
 from controlplane.lib.reconcile import Result
 from jobs import admission, goodput
 from jobs.admission.sharing import EVICTING
-from jobs.models import FailureClass, GoodputEntry, JobAttempt, Phase
+from jobs.goodput.models import GoodputEntry
+from jobs.models import FailureClass, JobAttempt, Phase
 from jobs.reconcile.common import Ctx
 
 

@@ -16,7 +16,7 @@ from checkpoints.models import Checkpoint
 from checkpoints.storage import S3Options, open_uri, verify_checkpoint
 from jobs.checkpointing import open_job_storage
 from jobs.checkpointing import prune as apply_retention
-from tests.checkpoints.test_s3_storage import bucket, job, save_checkpoint  # noqa: F401
+from tests.checkpoints.test_s3_storage import bucket, s3_job, save_checkpoint  # noqa: F401
 from tests.support.aws_standin import REGION, aws, client, moto_url, unique  # noqa: F401
 
 MIB = 1 << 20
@@ -31,8 +31,8 @@ def body_reads(storage) -> list[str]:
 
 
 @pytest.mark.timeout(240)
-def test_verifying_a_100_mb_checkpoint_reads_no_shard(job, aws, bucket, tmp_path):  # noqa: F811
-    storage = open_uri(job.storage_uri, S3Options(region=REGION, endpoint_url=aws,
+def test_verifying_a_100_mb_checkpoint_reads_no_shard(s3_job, aws, bucket, tmp_path):  # noqa: F811
+    storage = open_uri(s3_job.storage_uri, S3Options(region=REGION, endpoint_url=aws,
                                                   multipart_threshold_mb=64))
     local = tmp_path / "step-100"
     local.mkdir()
@@ -44,7 +44,7 @@ def test_verifying_a_100_mb_checkpoint_reads_no_shard(job, aws, bucket, tmp_path
     manifest = mf.build_manifest(100, mf.hash_local_files(local, sorted(files)))
     storage.write_bytes(f"step-100/{mf.MANIFEST}", manifest)
     storage.write_bytes(f"step-100/{mf.MARKER}", mf.marker_for(manifest))
-    checkpoint = Checkpoint.objects.create(job=job, step=100, uri=storage.step_uri(100),
+    checkpoint = Checkpoint.objects.create(job=s3_job, step=100, uri=storage.step_uri(100),
                                            state="committed",
                                            manifest_sha256=mf.sha256_bytes(manifest))
     reads = body_reads(storage)
@@ -59,25 +59,25 @@ def test_verifying_a_100_mb_checkpoint_reads_no_shard(job, aws, bucket, tmp_path
     assert head["ChecksumSHA256"]
 
 
-def test_a_shard_replaced_with_a_checksummed_other_is_corrupt_unread(job, aws, bucket,  # noqa: F811
+def test_a_shard_replaced_with_a_checksummed_other_is_corrupt_unread(s3_job, aws, bucket,  # noqa: F811
                                                                       tmp_path):
-    checkpoint = save_checkpoint(job, 100, tmp_path)
+    checkpoint = save_checkpoint(s3_job, 100, tmp_path)
     key = "runs/gpt/step-100/trainer_state/rank-0.pt"
     client("s3", aws).put_object(Bucket=bucket, Key=key, Body=b"step=999",
                                  ChecksumAlgorithm="SHA256")  # same size, other bytes
-    storage = open_job_storage(job)
+    storage = open_job_storage(s3_job)
     reads = body_reads(storage)
     ok, reason = verify_checkpoint(checkpoint, storage)
     assert not ok and "rank-0.pt does not match its sha256" in reason
     assert not [k for k in reads if k.endswith("rank-0.pt")]
 
 
-def test_an_object_without_an_s3_checksum_is_re_read(job, aws, bucket, tmp_path):  # noqa: F811
-    checkpoint = save_checkpoint(job, 100, tmp_path)
+def test_an_object_without_an_s3_checksum_is_re_read(s3_job, aws, bucket, tmp_path):  # noqa: F811
+    checkpoint = save_checkpoint(s3_job, 100, tmp_path)
     key = "runs/gpt/step-100/trainer_state/rank-0.pt"
     s3 = client("s3", aws)
     s3.put_object(Bucket=bucket, Key=key, Body=b"step=100")  # the same bytes, no SHA-256
-    storage = open_job_storage(job)
+    storage = open_job_storage(s3_job)
     reads = body_reads(storage)
     assert verify_checkpoint(checkpoint, storage) == (True, "ok")
     assert key in reads
@@ -88,25 +88,25 @@ def versions(aws, bucket, prefix):  # noqa: F811
     return reply.get("Versions", []) + reply.get("DeleteMarkers", [])
 
 
-def test_retention_on_a_versioned_bucket_deletes_every_version(job, aws, bucket,  # noqa: F811
+def test_retention_on_a_versioned_bucket_deletes_every_version(s3_job, aws, bucket,  # noqa: F811
                                                                tmp_path):
     s3 = client("s3", aws)
     s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
     for step in (100, 200, 300):
-        save_checkpoint(job, step, tmp_path / str(step))
+        save_checkpoint(s3_job, step, tmp_path / str(step))
     # A file written twice and one deleted before: two versions and a marker.
     s3.put_object(Bucket=bucket, Key="runs/gpt/step-100/trainer_state/rank-0.pt", Body=b"again")
     s3.put_object(Bucket=bucket, Key="runs/gpt/step-100/scratch", Body=b"x")
     s3.delete_object(Bucket=bucket, Key="runs/gpt/step-100/scratch")
     assert len(versions(aws, bucket, "runs/gpt/step-100/")) == 7
 
-    assert apply_retention(job, None) == [100]
+    assert apply_retention(s3_job, None) == [100]
 
     assert versions(aws, bucket, "runs/gpt/step-100/") == []
     assert len(versions(aws, bucket, "runs/gpt/step-200/")) == 4  # kept
 
 
-def test_a_refused_delete_fails_loudly_and_keeps_the_row(job, aws, tmp_path):  # noqa: F811
+def test_a_refused_delete_fails_loudly_and_keeps_the_row(s3_job, aws, tmp_path):  # noqa: F811
     locked = unique("locked")
     s3 = client("s3", aws)
     s3.create_bucket(Bucket=locked, ObjectLockEnabledForBucket=True)

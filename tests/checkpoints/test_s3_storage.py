@@ -234,7 +234,7 @@ def test_a_uri_of_an_unknown_scheme_is_permanent():
 def test_reports_a_rank_left_in_s3_are_collected_once_and_deleted(s3_job):
     from regatta import spool
 
-    from jobs.models import MetricPoint
+    from jobs.metrics.models import MetricPoint
     from jobs.worker_api.undelivered import collect
     from tests.api_factories import make_attempt
 

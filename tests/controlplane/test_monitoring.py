@@ -14,7 +14,9 @@ from controlplane.lib import runner, telemetry
 from controlplane.lib.errors import PermanentError
 from controlplane.lib.reconcile import Result
 from controlplane.redis_client import get_redis
-from jobs.models import GoodputEntry, MetricPoint, Phase, TrainingJob
+from jobs.goodput.models import GoodputEntry
+from jobs.metrics.models import MetricPoint
+from jobs.models import Phase, TrainingJob
 from tests.fleet_helpers import later, launch, memory_cluster, submit, team_with_quota
 from tests.support.waiting import eventually
 

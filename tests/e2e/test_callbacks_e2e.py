@@ -9,7 +9,8 @@ import importlib.util
 import pytest
 
 from checkpoints.models import ModelArtifact
-from jobs.models import MetricPoint, Phase
+from jobs.metrics.models import MetricPoint
+from jobs.models import Phase
 
 from .test_failures_e2e import refreshed, running
 from .test_programs_e2e import kill_a_node, submit_program

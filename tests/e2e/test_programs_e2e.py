@@ -18,7 +18,8 @@ from checkpoints.models import Checkpoint, ModelArtifact
 from clusters.models import Node
 from clusters.providers import pool_info
 from jobs.checkpointing import job_checkpoint_uri
-from jobs.models import MetricPoint, Phase, TrainingJob
+from jobs.metrics.models import MetricPoint
+from jobs.models import Phase, TrainingJob
 from tests.worker_image.helpers import TORCHRUN, free_port
 
 from .test_failures_e2e import refreshed, running

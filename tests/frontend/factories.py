@@ -6,14 +6,9 @@ from django.utils import timezone
 
 from checkpoints.models import Checkpoint
 from clusters.models import Node, NodeHealthEvent
+from jobs.goodput.models import GoodputEntry
 from jobs.metrics import ingest
-from jobs.models import (
-    AttemptNode,
-    GoodputEntry,
-    JobAttempt,
-    Phase,
-    TrainingJob,
-)
+from jobs.models import AttemptNode, JobAttempt, Phase, TrainingJob
 
 
 def make_job(team, cluster, user=None, **spec) -> TrainingJob:

@@ -12,7 +12,8 @@ from django.utils import timezone
 
 from checkpoints.models import Checkpoint
 from frontend import jobdetail
-from jobs.models import JobAttempt, JobEvent, Phase, ProfileTrace
+from jobs.models import JobAttempt, JobEvent, Phase
+from jobs.profiling.models import ProfileTrace
 
 from .factories import checkpoint, goodput, make_job, metrics, run
 

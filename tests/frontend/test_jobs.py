@@ -1,6 +1,7 @@
 from django.test import Client
 
-from jobs.models import GoodputEntry, JobAttempt, JobEvent, Phase, TrainingJob
+from jobs.goodput.models import GoodputEntry
+from jobs.models import JobAttempt, JobEvent, Phase, TrainingJob
 
 from .factories import checkpoint, goodput, make_job, rich_job, run
 

@@ -1,5 +1,5 @@
 from jobs.goodput import summarize
-from jobs.models import GoodputEntry
+from jobs.goodput.models import GoodputEntry
 
 from .factories import goodput, make_job, rich_job, run
 

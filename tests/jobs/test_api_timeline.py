@@ -5,8 +5,9 @@ from datetime import UTC, datetime
 import pytest
 
 from clusters.models import Node
+from jobs.goodput.models import GoodputEntry
 from jobs.metrics import ingest
-from jobs.models import AttemptNode, GoodputEntry, JobAttempt, RankStatus
+from jobs.models import AttemptNode, JobAttempt, RankStatus
 from tests.api_factories import make_attempt, make_checkpoint, make_job
 
 

@@ -5,8 +5,8 @@ from rest_framework.views import APIView
 
 from controlplane.lib.validation import StrictCharField
 from jobs.evals import metric_names
+from jobs.metrics.models import MetricName
 from jobs.metrics.series import DEFAULT_POINTS, MAX_POINTS, series
-from jobs.models import MetricName
 from jobs.views.base import JobScopedMixin
 
 

@@ -7,7 +7,8 @@ from django.utils import timezone
 from clusters.models import Node
 from jobs.admission import admit, quota_usage
 from jobs.admission.sharing import EVICTING, NOMINATED
-from jobs.models import GoodputEntry, JobAttempt, JobEvent, Phase, Quota
+from jobs.goodput.models import GoodputEntry
+from jobs.models import JobAttempt, JobEvent, Phase, Quota
 from jobs.reconcile import reconcile_job_unlocked
 from tests.fleet_helpers import (
     heartbeat,

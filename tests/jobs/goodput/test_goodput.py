@@ -5,7 +5,7 @@ import pytest
 from django.utils import timezone
 
 from jobs import goodput
-from jobs.models import GoodputEntry
+from jobs.goodput.models import GoodputEntry
 from jobs.reconcile import reconcile_job_unlocked
 from tests.conftest import client_for
 from tests.fleet_helpers import (

@@ -10,8 +10,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from jobs.metrics import ingest, rollups
+from jobs.metrics.models import MetricName, MetricPoint, MetricRollup
 from jobs.metrics.series import series
-from jobs.models import JobAttempt, MetricName, MetricPoint, MetricRollup, RankStatus
+from jobs.models import JobAttempt, RankStatus
 from tests.api_factories import make_attempt, make_job, worker_client
 
 

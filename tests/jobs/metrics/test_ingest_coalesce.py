@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import connection
 
 from jobs.metrics import ingest
-from jobs.models import MetricPoint, MetricRollup
+from jobs.metrics.models import MetricPoint, MetricRollup
 from tests.api_factories import make_attempt, make_job
 from tests.support.waiting import eventually
 

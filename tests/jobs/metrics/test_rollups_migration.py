@@ -6,7 +6,7 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
 from jobs.metrics import ingest
-from jobs.models import MetricName, MetricRollup
+from jobs.metrics.models import MetricName, MetricRollup
 
 BEFORE = [("jobs", "0006_list_page_indexes")]
 AFTER = [("jobs", "0007_metric_rollups")]

@@ -8,7 +8,8 @@ import json
 import pytest
 from regatta.storage import profile_key
 
-from jobs.models import NO_HEARTBEATS, JobAttempt, JobEvent, ProfileTrace, TrainingJob
+from jobs.models import NO_HEARTBEATS, JobAttempt, JobEvent, TrainingJob
+from jobs.profiling.models import ProfileTrace
 from tests.api_factories import make_attempt, make_job, worker_client
 from tests.conftest import client_for
 from tests.profile_factories import TRACE, write_trace

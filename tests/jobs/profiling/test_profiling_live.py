@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from jobs.models import ProfileTrace
+from jobs.profiling.models import ProfileTrace
 from tests.api_factories import make_attempt, make_job
 from tests.conftest import client_for
 from tests.support.waiting import eventually

@@ -8,24 +8,24 @@ import json
 import pytest
 from regatta.storage import profile_key
 
-from jobs.models import ProfileTrace
+from jobs.profiling.models import ProfileTrace
 from tests.api_factories import make_attempt, worker_client
-from tests.checkpoints.test_s3_storage import bucket, job  # noqa: F401
+from tests.checkpoints.test_s3_storage import bucket, s3_job  # noqa: F401
 from tests.conftest import client_for
 from tests.profile_factories import TRACE, write_trace
 from tests.support.aws_standin import aws, client, moto_url  # noqa: F401
 
 
 @pytest.fixture
-def member(job, django_user_model):  # noqa: F811
+def member(s3_job, django_user_model):  # noqa: F811
     user = django_user_model.objects.create_user("nora", password="pw")
-    job.team.members.add(user)
+    s3_job.team.members.add(user)
     return user
 
 
 def test_an_s3_trace_is_reported_under_the_job_s_prefix_and_streamed(
-        job, member, aws, bucket):  # noqa: F811
-    attempt, token = make_attempt(job)
+        s3_job, member, aws, bucket):  # noqa: F811
+    attempt, token = make_attempt(s3_job)
     attempt.request_profile(3, "user:nora")
     key = profile_key(7, attempt.profile_request_id, 1)
     data = gzip.compress(json.dumps(TRACE).encode())
@@ -42,19 +42,19 @@ def test_an_s3_trace_is_reported_under_the_job_s_prefix_and_streamed(
     assert report.status_code == 201, report.content
     assert elsewhere.status_code == 400 and "uri" in elsewhere.json()
     trace = ProfileTrace.objects.get(attempt=attempt)
-    resp = client_for(member).get(f"/api/v1/jobs/{job.pk}/profiles/{trace.pk}/file")
+    resp = client_for(member).get(f"/api/v1/jobs/{s3_job.pk}/profiles/{trace.pk}/file")
     assert resp.status_code == 200 and resp.streaming
     assert json.loads(gzip.decompress(b"".join(resp.streaming_content))) == TRACE
 
 
 def test_a_trace_gone_from_s3_is_404_and_an_unreachable_bucket_503(
-        job, member, aws, bucket):  # noqa: F811
-    attempt, _ = make_attempt(job)
+        s3_job, member, aws, bucket):  # noqa: F811
+    attempt, _ = make_attempt(s3_job)
     trace = write_trace(attempt, 0)
-    url = f"/api/v1/jobs/{job.pk}/profiles/{trace.pk}/file"
+    url = f"/api/v1/jobs/{s3_job.pk}/profiles/{trace.pk}/file"
     client("s3", aws).delete_object(Bucket=bucket, Key=f"runs/gpt/{trace.path}")
     assert client_for(member).get(url).status_code == 404
-    job.cluster.settings = {**job.cluster.settings, "s3_endpoint_url": "http://127.0.0.1:9",
+    s3_job.cluster.settings = {**s3_job.cluster.settings, "s3_endpoint_url": "http://127.0.0.1:9",
                             "s3_max_attempts": 1}
-    job.cluster.save()
+    s3_job.cluster.save()
     assert client_for(member).get(url).status_code == 503

@@ -8,7 +8,8 @@ from django.utils import timezone
 from checkpoints.models import Checkpoint
 from clusters.models import Node, NodeHealthEvent
 from clusters.reconcile import reconcile_cluster_unlocked
-from jobs.models import GoodputEntry, JobAttempt, JobEvent, Phase
+from jobs.goodput.models import GoodputEntry
+from jobs.models import JobAttempt, JobEvent, Phase
 from jobs.reconcile import reconcile_job_unlocked
 from tests.api_factories import worker_client
 from tests.fleet_helpers import (

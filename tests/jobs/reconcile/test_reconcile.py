@@ -8,7 +8,8 @@ from django.utils import timezone
 
 from checkpoints.models import ModelArtifact
 from clusters.models import Node
-from jobs.models import AttemptNode, GoodputEntry, JobAttempt, JobEvent, Phase
+from jobs.goodput.models import GoodputEntry
+from jobs.models import AttemptNode, JobAttempt, JobEvent, Phase
 from jobs.reconcile import reconcile_job_unlocked
 from tests.api_factories import worker_client
 from tests.fleet_helpers import (

@@ -21,7 +21,8 @@ from regatta.reporting import Reporter
 
 from accounts.models import ApiToken
 from controlplane.wsgi import application, django_application
-from jobs.models import JobAttempt, MetricPoint, RankStatus
+from jobs.metrics.models import MetricPoint
+from jobs.models import JobAttempt, RankStatus
 from jobs.worker_api.views.fast import WorkerFastPath
 from tests.api_factories import make_attempt, make_job
 from tests.support.waiting import eventually

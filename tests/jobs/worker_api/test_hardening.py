@@ -9,7 +9,8 @@ import json
 import pytest
 
 from checkpoints.models import Checkpoint
-from jobs.models import JobEvent, MetricPoint, RankStatus
+from jobs.metrics.models import MetricPoint
+from jobs.models import JobEvent, RankStatus
 from tests.api_factories import make_attempt, make_job, worker_client
 
 

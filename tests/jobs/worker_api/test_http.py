@@ -5,7 +5,8 @@ import pytest
 from regatta.reporting import Reporter
 
 from checkpoints.models import Checkpoint
-from jobs.models import JobAttempt, JobEvent, MetricPoint, RankStatus
+from jobs.metrics.models import MetricPoint
+from jobs.models import JobAttempt, JobEvent, RankStatus
 from tests.api_factories import make_attempt, make_job
 from tests.support.waiting import eventually
 

@@ -12,7 +12,8 @@ from regatta.spool import storage_handoff
 
 from checkpoints.models import Checkpoint
 from jobs.checkpointing import open_job_storage
-from jobs.models import JobEvent, MetricPoint, Phase, TrainingJob
+from jobs.metrics.models import MetricPoint
+from jobs.models import JobEvent, Phase, TrainingJob
 from jobs.reconcile import reconcile_job_unlocked
 from jobs.worker_api.undelivered import collect
 from tests.api_factories import make_attempt, make_job, worker_client

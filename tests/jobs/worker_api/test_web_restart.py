@@ -22,7 +22,8 @@ from regatta.spool import storage_handoff
 
 from checkpoints.models import Checkpoint
 from jobs.checkpointing import open_job_storage
-from jobs.models import JobEvent, MetricPoint
+from jobs.metrics.models import MetricPoint
+from jobs.models import JobEvent
 from jobs.worker_api.undelivered import collect
 from tests.api_factories import make_attempt, make_job
 from tests.support.waiting import eventually

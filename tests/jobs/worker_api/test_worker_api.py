@@ -7,7 +7,8 @@ import time
 import pytest
 
 from checkpoints.models import Checkpoint
-from jobs.models import JobAttempt, JobEvent, MetricPoint, RankStatus, TrainingJob
+from jobs.metrics.models import MetricPoint
+from jobs.models import JobAttempt, JobEvent, RankStatus, TrainingJob
 from tests.api_factories import make_attempt, worker_client
 
 
@@ -186,7 +187,7 @@ class TestMetrics:
         assert all(r["stored"] + r["duplicates"] == 200 for _, r in replies)
         assert MetricPoint.objects.filter(attempt=attempt).count() == 200
         # The rollups counted every point once too.
-        from jobs.models import MetricRollup
+        from jobs.metrics.models import MetricRollup
         assert MetricRollup.objects.filter(attempt=attempt, level=16384).get().n == 200
 
     def test_a_batch_over_the_limit_gets_413(self, attempt):
