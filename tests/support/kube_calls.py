@@ -15,6 +15,8 @@ from urllib.parse import urlparse
 
 from kubernetes import client as k8s
 
+from clusters.providers.kubernetes import client as kube_client
+
 
 @dataclass
 class Call:
@@ -26,12 +28,22 @@ class Call:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-class Recorder:
+class CallLog:
+    def __init__(self, made: list[Call] | None = None):
+        self.made: list[Call] = [] if made is None else made
+
+    def calls(self, method: str | None = None, path: str | None = None) -> list[Call]:
+        return [c for c in self.made
+                if (method is None or c.method == method)
+                and (path is None or c.path.startswith(path))]
+
+
+class Recorder(CallLog):
     """Wraps `api`'s REST client; `calls()` lists the requests made through it."""
 
-    def __init__(self, api: k8s.ApiClient):
+    def __init__(self, api: k8s.ApiClient, made: list[Call] | None = None):
+        super().__init__(made)
         self.api = api
-        self.made: list[Call] = []
         rest = api.rest_client
         send = rest.request
 
@@ -50,11 +62,6 @@ class Recorder:
 
         rest.request = request
 
-    def calls(self, method: str | None = None, path: str | None = None) -> list[Call]:
-        return [c for c in self.made
-                if (method is None or c.method == method)
-                and (path is None or c.path.startswith(path))]
-
 
 def _plain(body):
     """The JSON the client sent, as dicts (models go through the client's
@@ -62,3 +69,16 @@ def _plain(body):
     if body is None or isinstance(body, (dict, list, str)):
         return body
     return json.loads(json.dumps(k8s.ApiClient().sanitize_for_serialization(body)))
+
+
+def record_every_provider(monkeypatch) -> CallLog:
+    """Records the calls of every Kubernetes provider the product builds from
+    a Cluster row (the reconcilers build their own) into one log."""
+    made: list[Call] = []
+    build = kube_client.api_client_for
+
+    def recorded(settings):
+        return Recorder(build(settings), made).api
+
+    monkeypatch.setattr(kube_client, "api_client_for", recorded)
+    return CallLog(made)
