@@ -280,6 +280,74 @@ def test_an_unreachable_api_server_is_temporary():
         provider.list_nodes(make_pool())
 
 
+def test_a_webhook_that_cannot_be_called_is_a_temporary_server_error(kube_world, calls,
+                                                                     provider):
+    """500: an admission webhook with failurePolicy Fail whose server is
+    away (here: a port nothing listens on) fails the cordon."""
+    pool, info = kwok_pool(kube_world, size=1)
+    node = pool.node_name(0)
+    kube_world.core.patch_node(node, {"metadata": {"labels": {"regatta.test/webhook": "away"}}})
+    hooks = k8s.AdmissionregistrationV1Api(kube_world.admin)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        url = f"https://127.0.0.1:{sock.getsockname()[1]}/validate"
+    hooks.create_validating_webhook_configuration({
+        "metadata": {"name": "regatta-test-away"},
+        "webhooks": [{"name": "away.regatta.test", "admissionReviewVersions": ["v1"],
+                      "sideEffects": "None", "failurePolicy": "Fail", "timeoutSeconds": 2,
+                      "clientConfig": {"url": url},
+                      "objectSelector": {"matchLabels": {"regatta.test/webhook": "away"}},
+                      "rules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                 "operations": ["UPDATE"], "resources": ["nodes"]}]}]})
+    try:
+        def webhook_in_force():
+            try:
+                kube_world.core.patch_node(node, {"spec": {"unschedulable": True}},
+                                           dry_run="All")
+            except ApiException as exc:
+                return exc.status == 500
+            return False
+
+        eventually(webhook_in_force, timeout=30, interval=0.2,
+                   what="the API server to call the webhook")
+        with pytest.raises(TemporaryError, match="500"):
+            provider.cordon(info, node)
+        assert calls.calls("PATCH")[-1].status == 500
+    finally:
+        hooks.delete_validating_webhook_configuration("regatta-test-away")
+
+
+def test_an_api_group_whose_server_is_away_is_a_temporary_server_error(kube_world, calls):
+    """503: the API server proxies an aggregated group to a Service with no
+    server behind it (Volcano's group here, served that way for the test)."""
+    pool, info = kwok_pool(kube_world, size=1)
+    provider = provider_for(calls, gang_scheduler="volcano", queue="training")
+    ref = provider.launch(request_on(pool, info))
+    registration = k8s.ApiregistrationV1Api(kube_world.admin)
+    registration.create_api_service({
+        "metadata": {"name": "v1beta1.scheduling.volcano.sh"},
+        "spec": {"group": "scheduling.volcano.sh", "version": "v1beta1",
+                 "groupPriorityMinimum": 1000, "versionPriority": 15,
+                 "insecureSkipTLSVerify": True,
+                 "service": {"namespace": "default", "name": "volcano-away", "port": 443}}})
+    try:
+        def unavailable():
+            try:
+                kube_world.custom.get_namespaced_custom_object(
+                    "scheduling.volcano.sh", "v1beta1", NS, "podgroups", "job-7-a2")
+            except ApiException as exc:
+                return exc.status == 503
+            return False
+
+        eventually(unavailable, timeout=30, interval=0.2,
+                   what="the aggregator to find the group's server away")
+        with pytest.raises(TemporaryError, match="503"):
+            provider.observe(ref)  # a gang not started reads its PodGroup
+        assert calls.calls("GET", "/apis/scheduling.volcano.sh/")[-1].status == 503
+    finally:
+        registration.delete_api_service("v1beta1.scheduling.volcano.sh")
+
+
 # --- observe -----------------------------------------------------------------
 
 def test_it_observes_a_running_attempt(kube_world, calls, provider):
@@ -784,9 +852,9 @@ def test_a_cluster_without_connection_settings_is_refused(db):
 
 # --- faults the test cluster cannot be made to produce yet ------------------------
 # Still on tests/support/k8s_standin.py: an API server that throttles one
-# request (a 429 with the server's Retry-After), fails a node listing with
-# 500 or 503, or ends a watch with an ERROR event. See the stand-in's
-# docstring for why each is not provoked on the real cluster yet.
+# request (a 429 with the server's Retry-After), or ends a watch with an
+# ERROR event. See the stand-in's docstring for why each is not provoked on
+# the real cluster yet.
 
 @pytest.fixture
 def standin():
@@ -809,13 +877,6 @@ def test_throttling_is_temporary_and_honours_retry_after(standin, standin_provid
     standin_provider.launch(make_request())  # the retry finishes the launch
     assert set(standin.store[st.namespaced(NS, "secrets")]) == {"job-7-a2-token"}
     assert len(standin.store[st.pytorchjobs(NS)]) == 1
-
-
-@pytest.mark.parametrize("status", [500, 503])
-def test_server_errors_are_temporary(standin, standin_provider, status):
-    standin.fail_next("GET", st.NODES, status)
-    with pytest.raises(TemporaryError):
-        standin_provider.list_nodes(make_pool())
 
 
 def test_a_watch_that_expires_with_410_gone_relists_and_watches_again(standin,

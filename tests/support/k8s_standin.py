@@ -2,9 +2,10 @@
 (tests/support/kube_cluster.py) cannot be made to produce yet:
 
 - faults injected into one request: a 429 with the server's Retry-After on a
-  Secret create, 500/503 on a node listing, and a watch's ERROR events
-  (410 Gone, 500), test_kubernetes_provider.py (the provider watches
-  without a resourceVersion, so the real server never answers it with 410);
+  Secret create (API Priority and Fairness admits a lone request even at
+  zero concurrency), and a watch's ERROR events (410 Gone, 500),
+  test_kubernetes_provider.py (the provider watches without a
+  resourceVersion, so the real server never answers it with 410);
 - Kueue's Workloads and Volcano's PodGroups (neither project, nor its CRDs,
   is among testcluster/'s modules) and kubelet states kwok has no stage for
   (CreateContainerConfigError, a registry's 429, ContainerCreating),
