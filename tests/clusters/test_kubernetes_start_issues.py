@@ -11,7 +11,7 @@ component for yet: Kueue's Workloads and Volcano's PodGroups (neither
 project, nor its CRDs, is among testcluster/'s modules), and the kubelet
 states kwok has no stage for (CreateContainerConfigError for a missing
 Secret, a registry's 429, ContainerCreating, our own token Secret arriving
-late), and an attempt the operator finished while a pod was unschedulable.
+late).
 """
 
 import pytest
@@ -220,11 +220,25 @@ def test_a_pulling_or_creating_pod_is_no_issue(standin):
     assert attempt_status(job, pods, PLACES).start_issues == ()
 
 
-def test_a_finished_attempt_carries_no_start_issues(standin):
-    job = created(standin)
-    job["status"]["conditions"].append(st.job_condition("Failed"))
-    pods = [st.unschedulable_pod("job-7-a2", "Worker", 0, message=NO_GPUS)]
-    status = attempt_status(job, pods, PLACES)
+@pytest.mark.slow
+def test_a_finished_attempt_carries_no_start_issues(kube_world, regatta, other_tenant):
+    """The master exits 1 while the worker is still unschedulable: the
+    operator marks the job Failed, and its waits no longer count."""
+    pool = kube_world.make_pool(size=2)
+    other_tenant.append("someone-elses")
+    hold_gpus(kube_world, pool.node_name(1), "someone-elses")
+    info = make_pool(name=pool.name, node_selector=pool.selector)
+    ref = regatta.launch(make_request(nodes=(pool.node_name(0), pool.node_name(1)), pool=info))
+    master = eventually(lambda: next((p for p in kube_world.pods(
+        "training.kubeflow.org/job-name=job-7-a2,training.kubeflow.org/replica-type=master")
+        if p.status.phase == "Running"), None), timeout=60, interval=0.2,
+        what="the master to run")
+    kube_world.fleet.fail_pod(NS, master.metadata.name, exit_code=1)
+    eventually(lambda: condition_true(kube_world.pytorchjob("job-7-a2"), "Failed"),
+               timeout=30, interval=0.2, what="the operator to mark the job Failed")
+    job, pods = as_served(kube_world, "job-7-a2")
+    assert any(scheduler_message(p) for p in pods)  # the worker still waits
+    status = attempt_status(job, pods, ref["placements"])
     assert status.state == "failed" and status.start_issues == ()
 
 
