@@ -192,8 +192,8 @@ def scheduler_message(pod):
 def test_an_unschedulable_pod_waits_with_the_schedulers_message(kube_world, regatta,
                                                                  other_tenant):
     pool = kube_world.make_pool(size=2)
-    other_tenant.append("someone-elses")
-    hold_gpus(kube_world, pool.node_name(1), "someone-elses")
+    other_tenant.append(f"someone-elses-{pool.name}")
+    hold_gpus(kube_world, pool.node_name(1), other_tenant[-1])
     info = make_pool(name=pool.name, node_selector=pool.selector)
     ref = regatta.launch(make_request(nodes=(pool.node_name(0), pool.node_name(1)), pool=info))
 
@@ -225,8 +225,8 @@ def test_a_finished_attempt_carries_no_start_issues(kube_world, regatta, other_t
     """The master exits 1 while the worker is still unschedulable: the
     operator marks the job Failed, and its waits no longer count."""
     pool = kube_world.make_pool(size=2)
-    other_tenant.append("someone-elses")
-    hold_gpus(kube_world, pool.node_name(1), "someone-elses")
+    other_tenant.append(f"someone-elses-{pool.name}")
+    hold_gpus(kube_world, pool.node_name(1), other_tenant[-1])
     info = make_pool(name=pool.name, node_selector=pool.selector)
     ref = regatta.launch(make_request(nodes=(pool.node_name(0), pool.node_name(1)), pool=info))
     master = eventually(lambda: next((p for p in kube_world.pods(
@@ -377,7 +377,7 @@ def test_an_unschedulable_gang_waits_with_its_reason_and_never_hangs(db, kube_wo
     calls = record_every_provider(monkeypatch)
     pool = kube_world.make_pool(size=2)
     for i in range(2):  # every node's GPUs held by another tenant
-        other_tenant.append(f"someone-elses-{i}")
+        other_tenant.append(f"someone-elses-{pool.name}-{i}")
         hold_gpus(kube_world, pool.node_name(i), other_tenant[-1])
     _, job, attempt, name, now = real_kube_job(kube_world, fsx, "registry.example/trainer:2.1",
                                                pool=pool)
