@@ -10,6 +10,7 @@ what a kubelet, the cloud or a termination handler would, through the API.
 from __future__ import annotations
 
 import json
+import zlib
 from dataclasses import dataclass, field
 
 from kubernetes import client as k8s
@@ -83,7 +84,11 @@ def node_manifest(pool: Pool, index: int) -> dict:
             },
         },
         "spec": {"providerID": f"aws:///{zone}/{instance}", "taints": list(pool.taints)},
-        "status": {"capacity": capacity, "allocatable": allocatable},
+        # As the kubelet registers it: kwok adds no address of its own here.
+        "status": {"capacity": capacity, "allocatable": allocatable, "addresses": [
+            {"type": "InternalIP", "address": f"10.0.{zlib.crc32(pool.name.encode()) % 250}"
+                                              f".{index % 250 + 1}"},
+            {"type": "Hostname", "address": name}]},
     }
 
 

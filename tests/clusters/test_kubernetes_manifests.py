@@ -1,9 +1,9 @@
 """The PyTorchJob, Secret and preflight manifests, built by pure functions.
 
-No Kubernetes API server can run here, so these tests check the manifests
-themselves and their round trip through the official `kubernetes` and
-`kubeflow-training` models; test_kubernetes_provider.py sends them to a
-stand-in API server.
+These tests check the manifests themselves and their round trip through the
+official `kubernetes` and `kubeflow-training` models;
+test_kubernetes_provider.py sends them to the real API server of
+tests/support/kube_cluster.py.
 """
 
 import json

@@ -398,16 +398,20 @@ def test_a_spot_interruption_taint_on_an_idle_node_replaces_it_the_karpenter_way
     assert event.kind == "spot_notice" and event.severity == "critical"
     assert Node.objects.get(name=doomed).state == Node.State.REPLACED
     # Deleted with deploy/'s rights, for Karpenter to terminate, and a
-    # capacity pod asks Karpenter for the successor, never on the doomed node.
+    # capacity pod asks Karpenter for the successor: no node of the pool may
+    # take it, not even the idle one, so it stays pending for Karpenter.
     eventually(lambda: doomed not in {n.metadata.name for n in kube_world.core.list_node().items},
                timeout=30, interval=0.2, what="the Node to be deleted")
-    def placed_capacity_pod():
-        pods = kube_world.pods("regatta.io/purpose=capacity")
-        return pods if pods and pods[0].spec.node_name else None
 
-    (asked,) = eventually(placed_capacity_pod, timeout=30, interval=0.2,
-                          what="the scheduler to place the capacity pod")
-    # A known limit: with a free node left in the pool, the scheduler binds
-    # the capacity pod there, so Karpenter sees nothing pending and launches
-    # no successor; the pool is one node smaller until a job needs more.
-    assert asked.spec.node_name == pool.node_name(1)
+    def pending_capacity_pod():
+        pods = kube_world.pods("regatta.io/purpose=capacity")
+        return pods if pods and any(
+            c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+            for c in pods[0].status.conditions or []) else None
+
+    (asked,) = eventually(pending_capacity_pod, timeout=30, interval=0.2,
+                          what="the scheduler to leave the capacity pod pending")
+    assert asked.spec.node_name is None
+    required = asked.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
+    (term,) = required.node_selector_terms
+    assert set(term.match_expressions[0].values) == {doomed, pool.node_name(1)}

@@ -1,9 +1,10 @@
 """The manifests that run Regatta itself on Kubernetes (deploy/).
 
-No cluster can run here: these tests parse every file, check each object
-against the official `kubernetes` models (a misspelled field is dropped on
-the way in, so the round trip would differ), and pin the RBAC to exactly
-the verbs the Kubernetes provider uses.
+These tests parse every file, check each object against the official
+`kubernetes` models (a misspelled field is dropped on the way in, so the
+round trip would differ), and pin the RBAC to exactly the verbs the
+Kubernetes provider uses; the last of those runs a full cycle on the real
+test cluster (tests/support/kube_cluster.py) with deploy/'s token.
 """
 
 from pathlib import Path
@@ -11,7 +12,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from clusters.providers.base import Placement
+from clusters.providers.kubernetes import KubernetesProvider, KubeSettings
 from clusters.providers.kubernetes.manifests import from_dict, to_dict
+from testcluster import bootstrap
+from tests.clusters.test_kubernetes_manifests import make_pool, make_request
+from tests.support.kube_calls import Recorder
+from tests.support.kube_cluster import TRAINING_NS
+from tests.support.waiting import eventually
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 FILES = sorted(DEPLOY.rglob("*.yaml"))
@@ -163,47 +171,58 @@ def test_only_the_worker_runs_with_the_control_planes_rights():
     assert migrate["automountServiceAccountToken"] is False
 
 
-def test_the_provider_calls_only_what_the_role_grants():
-    """The stand-in API server records every request a full cycle makes:
-    launch, observe, drain, stop, preflight, replace. Each maps to a granted
-    verb (no Kubernetes API server can run here)."""
-    from clusters.providers.base import Placement
-    from clusters.providers.kubernetes import KubernetesProvider, KubeSettings
-    from tests.clusters.test_kubernetes_manifests import make_pool, make_request
-    from tests.support import k8s_standin as st
-
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_the_provider_calls_only_what_the_role_grants(kube_world):
+    """A full cycle on the real API server with deploy/'s ServiceAccount
+    token: launch, observe, drain, stop, preflight, replace. The server's
+    RBAC refuses anything the Role does not grant (a 403 fails the cycle),
+    and each request recorded maps to a granted verb."""
     verbs = {"POST": "create", "DELETE": "delete", "PATCH": "patch"}
-    with st.K8sStandIn() as standin:
-        provider = KubernetesProvider(standin.api_client(), KubeSettings(preflight="dcgm-labels"))
-        standin.put(st.NODES, st.node("ip-10-0-0-1"))
-        ref = provider.launch(make_request())
-        standin.put(st.namespaced("regatta-training", "pods"),
-                    st.pod("job-7-a2", "Master", 0, node_name="ip-10-0-0-1", phase="Failed",
-                           exit_code=1))
-        provider.observe(ref)
-        provider.drain(make_pool(), "ip-10-0-0-1")
-        provider.health_signals(make_pool())
-        provider.preflight(make_pool(), (Placement("ip-10-0-0-1", 0),))
-        provider.stop(ref)
-        provider.launch(make_request())
-        provider.launch(make_request())  # a relaunch replaces its secret
-        karpenter = make_pool(settings={"node_autoscaler": "karpenter"})
-        provider.replace(karpenter, "ip-10-0-0-1")  # deletes the Node, asks a capacity pod
-        provider.provision_node(karpenter, "spare-0")
-        provider.list_nodes(karpenter)
-        provider.launch(make_request(name="job-7-k", pool=karpenter))  # frees capacity pods
-        # A gang not started yet: its Kueue Workload or Volcano PodGroup is read.
-        for gang in ("kueue", "volcano"):
-            provider.settings = KubeSettings(preflight="dcgm-labels", gang_scheduler=gang,
-                                             queue="q")
-            provider.observe(provider.launch(make_request(name=f"job-7-{gang}")))
-    assert standin.calls("DELETE", f"{st.NODES}/ip-10-0-0-1")
+    pool = kube_world.make_pool(size=1)
+    node = pool.node_name(0)
+    info = make_pool(name=pool.name, node_selector=pool.selector)
+    calls = Recorder(bootstrap.api_client(kube_world.regatta_kubeconfig))
+    provider = KubernetesProvider(calls.api, KubeSettings(preflight="dcgm-labels",
+                                                          request_timeout_s=10))
+    request = make_request(nodes=(node,), pool=info)
+    ref = provider.launch(request)
+    pod = eventually(lambda: next((p.metadata.name for p in kube_world.pods(
+        "training.kubeflow.org/job-name=job-7-a2") if p.status.phase == "Running"), None),
+        timeout=60, interval=0.2, what="the job's pod to run")
+    kube_world.fleet.fail_pod(TRAINING_NS, pod, exit_code=1)
+    eventually(lambda: kube_world.core.read_namespaced_pod(pod, TRAINING_NS).status.phase
+               == "Failed", timeout=30, interval=0.2, what="kwok to fail the container")
+    provider.observe(ref)
+    provider.drain(info, node)
+    provider.health_signals(info)
+    provider.preflight(info, (Placement(node, 0),))
+    provider.stop(ref)
+    eventually(lambda: kube_world.pytorchjob("job-7-a2") is None, timeout=60, interval=0.2,
+               what="the stopped job to go")
+    provider.launch(request)
+    provider.launch(request)  # a relaunch replaces its secret
+    karpenter = make_pool(name=pool.name, node_selector=pool.selector,
+                          settings={"node_autoscaler": "karpenter"})
+    provider.replace(karpenter, node)  # deletes the Node, asks a capacity pod
+    provider.provision_node(karpenter, "spare-0")
+    provider.list_nodes(karpenter)
+    provider.launch(make_request(name="job-7-k", nodes=(node,), pool=karpenter))
+    # A gang not started yet: its Kueue Workload or Volcano PodGroup is read
+    # (neither is installed here: the API server answers 404 after RBAC).
+    for gang in ("kueue", "volcano"):
+        provider.settings = KubeSettings(preflight="dcgm-labels", gang_scheduler=gang,
+                                         queue="q", request_timeout_s=10)
+        provider.observe(provider.launch(make_request(name=f"job-7-{gang}", nodes=(node,),
+                                                      pool=info)))
+    assert calls.calls("DELETE", f"/api/v1/nodes/{node}")
+    assert not [c for c in calls.made if c.status == 403]
     granted = set()
     for doc in objects().values():
         if doc["kind"] in ("Role", "ClusterRole"):
             for rule in doc["rules"]:
                 granted |= {(rule["resources"][0], v) for v in rule["verbs"]}
-    for call in standin.requests:
+    for call in calls.made:
         parts = call.path.strip("/").split("/")
         resource = parts[-1] if call.method in ("GET", "POST") and parts[-1] in (
             "nodes", "pods", "secrets", "pytorchjobs", "workloads") else None

@@ -1,6 +1,19 @@
-"""A stand-in Kubernetes API server for tests.
+"""A stand-in Kubernetes API server, kept only for what the real test cluster
+(tests/support/kube_cluster.py) cannot be made to produce yet:
 
-No real API server can run on the test machines, so this one speaks just
+- faults injected into one request: a 429 with the server's Retry-After on a
+  Secret create (API Priority and Fairness admits a lone request even at
+  zero concurrency), and a watch's ERROR events (410 Gone, 500),
+  test_kubernetes_provider.py (the provider watches without a
+  resourceVersion, so the real server never answers it with 410);
+- Kueue's Workloads and Volcano's PodGroups (neither project, nor its CRDs,
+  is among testcluster/'s modules) and kubelet states kwok has no stage for
+  (CreateContainerConfigError, a registry's 429, ContainerCreating),
+  test_kubernetes_start_issues.py;
+- the EKS node-group side of test_aws_provider.py and test_aws_reconcile.py,
+  not moved yet.
+
+Everything else runs on the real cluster. This one speaks just
 enough of the protocol over real HTTP (http.server on 127.0.0.1, port 0):
 lists, gets, creates (409 AlreadyExists), merge patches, deletes (404
 NotFound), the Eviction subresource, pod logs and watch streams (newline-

@@ -60,7 +60,16 @@ class KubeWorld:
         self.made_nodes.extend(names)
         eventually(lambda: all(self.fleet.ready(n) for n in names), timeout=30, interval=0.1,
                    what=f"kwok to make {pool.name}'s nodes ready")
+        # A new Node carries node.kubernetes.io/not-ready until the node
+        # lifecycle controller sees it Ready; a pod scheduled before then is
+        # refused for the taint, not for what the test arranged.
+        eventually(lambda: not any(self._not_ready_taint(n) for n in names), timeout=30,
+                   interval=0.1, what=f"the not-ready taint to leave {pool.name}'s nodes")
         return pool
+
+    def _not_ready_taint(self, name: str) -> bool:
+        taints = self.core.read_node(name).spec.taints or []
+        return any(t.key == "node.kubernetes.io/not-ready" for t in taints)
 
     @property
     def core(self) -> k8s.CoreV1Api:

@@ -176,8 +176,14 @@ class KubernetesProvider:
 
     def _ask_capacity(self, pool: PoolInfo, key: str, spare_name: str = "",
                       avoid: tuple[str, ...] = ()) -> None:
+        # Karpenter launches only for a pod that no node can take. Kept off
+        # every node the pool has now: the scheduler would bind it to an idle
+        # one, Karpenter would see nothing pending, and the pool would be a
+        # node short after each replacement (or never get its spare).
+        present = tuple(n["metadata"]["name"] for n in self._pool_nodes(pool))
         body = mf.to_dict(capacity.capacity_pod(pool, self.settings, key,
-                                                spare_name=spare_name, avoid=avoid))
+                                                spare_name=spare_name,
+                                                avoid=tuple(set(avoid) | set(present))))
         # 409: asked before (a repeated call), one pod all the same.
         self._call(f"create capacity pod for {key}", self.core.create_namespaced_pod,
                    self.ns, body, ok=(409,))
