@@ -10,7 +10,7 @@
   is among testcluster/'s modules) and kubelet states kwok has no stage for
   (CreateContainerConfigError, a registry's 429, ContainerCreating),
   test_kubernetes_start_issues.py;
-- the EKS node-group side of test_aws_provider.py and test_aws_reconcile.py,
+- the EKS node-group side of test_aws_node_groups.py and test_aws_reconcile.py,
   not moved yet.
 
 Everything else runs on the real cluster. This one speaks just
