@@ -55,6 +55,8 @@ def test_every_object_parses_and_matches_the_kubernetes_models(path):
             continue
         if kind == "ServiceMonitor":  # the Prometheus Operator's CRD: no client model
             continue  # test_the_service_monitor_scrapes_the_web_services_metrics
+        if kind == "ClusterTrainingRuntime":  # Trainer v2's CRD: no client model; the
+            continue  # test cluster applies it through the Trainer's own webhook
         assert kind in MODELS, f"{path.name}: unexpected kind {kind}"
         assert to_dict(from_dict(doc, MODELS[kind])) == doc
 
