@@ -113,6 +113,8 @@ def test_the_control_plane_gets_exactly_the_verbs_it_uses():
     assert role["metadata"]["namespace"] == "regatta-training"
     assert rules(role) == {
         (("kubeflow.org",), "pytorchjobs"): sorted(["create", "get", "list", "watch", "delete"]),
+        (("trainer.kubeflow.org",), "trainjobs"): sorted(["create", "get", "delete"]),
+        (("jobset.x-k8s.io",), "jobsets"): ["get"],
         (("",), "pods"): sorted(["get", "list", "watch", "create", "delete"]),
         (("",), "pods/eviction"): ["create"],
         (("",), "pods/log"): ["get"],
@@ -120,7 +122,7 @@ def test_the_control_plane_gets_exactly_the_verbs_it_uses():
         (("kueue.x-k8s.io",), "workloads"): ["list"],
         (("scheduling.volcano.sh",), "podgroups"): ["get"],
     }
-    assert len(role["rules"]) == 7
+    assert len(role["rules"]) == 9
     nodes = found[("ClusterRole", "regatta-nodes")]
     assert rules(nodes) == {
         (("",), "nodes"): sorted(["get", "list", "watch", "patch", "delete"])}
