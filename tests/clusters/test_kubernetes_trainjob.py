@@ -228,3 +228,58 @@ def test_a_node_that_goes_not_ready_is_cordoned_and_the_trainjob_relaunched_on_h
     eventually(lambda: kube_world.trainjob(name) is None and not gang(kube_world, name),
                timeout=60, interval=0.2, what="the first attempt's TrainJob and pods to go")
 
+
+
+def test_a_rank_killed_with_no_sign_from_its_node_is_relaunched_in_place(db, kube_world, fsx):
+    job, attempt, name, pods, now = running_job(kube_world, fsx)
+    placed = set(attempt.placements.values_list("node__name", flat=True))
+    # SIGKILL (the OOM killer, a `kill -9`), no crash report: the Job fails,
+    # and the Job controller deletes the other rank's running pod.
+    kube_world.fleet.fail_pod(TRAINING_NS, pods[0].metadata.name, exit_code=137,
+                              reason="OOMKilled")
+    eventually(lambda: condition_true(kube_world.trainjob(name), "Failed"), timeout=60,
+               interval=0.2, what="the Trainer to mark the TrainJob Failed")
+    eventually(lambda: len(gang(kube_world, name)) == 1, timeout=60, interval=0.2,
+               what="the Job controller to delete the other rank's pod")
+    reconcile_job_unlocked(job.id, later(now, 5))
+
+    attempt.refresh_from_db()
+    # Only the killed rank's node is suspected, and nothing says it is bad:
+    # a process failure, relaunched on the same nodes, none cordoned.
+    assert attempt.failure_class == "process", attempt.failure_reason
+    assert not any(kube_world.core.read_node(n).spec.unschedulable for n in placed)
+    second = job.attempts.get(number=2)
+    assert set(second.placements.values_list("node__name", flat=True)) == placed
+    relaunched = eventually(lambda: running_pods(kube_world, second.provider_ref["name"], 2),
+                            timeout=60, interval=0.2, what="the relaunch's pods to run")
+    assert {p.spec.node_name for p in relaunched.values()} == placed
+
+
+def test_an_image_that_cannot_be_pulled_fails_the_trainjob_as_the_users_error(
+        db, kube_world, fsx):
+    from testcluster.stages import MISSING_IMAGE
+
+    pool = gpu_pool(kube_world)
+    cluster = v2_cluster(kube_world, pool, fsx)
+    now = timezone.now()
+    reconcile_cluster_unlocked(cluster.id, now)
+    job = submit(cluster, team_with_quota(cluster, gpus=24), nodes=2, gpus=8,
+                 image=MISSING_IMAGE, storage_uri=str(fsx / "train"))
+    launch(job, later(now, 1))
+    name = job.attempts.get().provider_ref["name"]
+
+    def pull_failed():
+        pods = gang(kube_world, name).values()
+        return len(pods) == 2 and all(
+            p.status.container_statuses and p.status.container_statuses[0].state.waiting
+            for p in pods)
+
+    eventually(pull_failed, timeout=60, interval=0.2, what="the image pull to fail")
+    reconcile_job_unlocked(job.id, later(now, job.cluster.config.observe_interval_s))
+    job.refresh_from_db()
+    attempt = job.attempts.get()
+    assert job.phase == Phase.FAILED
+    assert attempt.failure_class == "code"
+    assert "ErrImagePull" in attempt.failure_reason and MISSING_IMAGE in job.last_error
+    eventually(lambda: kube_world.trainjob(name) is None, timeout=60, interval=0.2,
+               what="the TrainJob to go")
