@@ -42,8 +42,8 @@ def fsx(tmp_path):
     return path
 
 
-def v2_cluster(world, pool, fsx):
-    return kube_cluster(world, pool, fsx, job_api="trainjob")
+def v2_cluster(world, pool, fsx, **settings):
+    return kube_cluster(world, pool, fsx, job_api="trainjob", **settings)
 
 
 def gang(world, name):
@@ -68,11 +68,12 @@ def owned_by(obj, owner) -> bool:
                for ref in obj["metadata"].get("ownerReferences") or [])
 
 
-def running_job(world, fsx, *, pool_size=3, nodes=2, pool_settings=None, **job):
+def running_job(world, fsx, *, pool_size=3, nodes=2, pool_settings=None, cluster_settings=None,
+                **job):
     """A TrainJob launched on a fresh pool, its pods Running and its
     trainer's first heartbeat in, so the job is running."""
     pool = gpu_pool(world, size=pool_size)
-    cluster = v2_cluster(world, pool, fsx)
+    cluster = v2_cluster(world, pool, fsx, **(cluster_settings or {}))
     if pool_settings:
         NodePool.objects.filter(cluster=cluster).update(settings=pool_settings)
     now = timezone.now()
@@ -283,3 +284,39 @@ def test_an_image_that_cannot_be_pulled_fails_the_trainjob_as_the_users_error(
     assert "ErrImagePull" in attempt.failure_reason and MISSING_IMAGE in job.last_error
     eventually(lambda: kube_world.trainjob(name) is None, timeout=60, interval=0.2,
                what="the TrainJob to go")
+
+
+def test_a_spot_notice_drains_the_node_and_relaunches_the_trainjob_elsewhere(
+        db, kube_world, fsx):
+    from jobs.models import JobEvent
+    from testcluster.fleet import SPOT_ITN_TAINT
+
+    job, attempt, name, pods, now = running_job(
+        kube_world, fsx, pool_settings={"node_autoscaler": "karpenter"},
+        cluster_settings={"spot_checkpoint_wait_s": 5})
+    placed = list(attempt.placements.order_by("node_rank").values_list("node__name", flat=True))
+    doomed = placed[1]
+    # What AWS Node Termination Handler does on EC2's two-minute notice.
+    kube_world.fleet.taint(doomed, SPOT_ITN_TAINT)
+    reconcile_cluster_unlocked(job.cluster_id, later(now, 1))
+    reconcile_job_unlocked(job.id, later(now, 2))
+    assert JobEvent.objects.filter(job=job, kind="EmergencyCheckpointRequested").exists()
+
+    # The trainer's emergency checkpoint is not played here: the wait runs
+    # out, and the job resumes from its newest checkpoint elsewhere.
+    heartbeat(attempt, 2, later(now, 7))
+    reconcile_job_unlocked(job.id, later(now, 8))
+
+    attempt.refresh_from_db()
+    assert attempt.failure_class == "preempted", attempt.failure_reason
+    assert kube_world.core.read_node(doomed).spec.unschedulable is True
+    second = job.attempts.get(number=2)
+    new_nodes = set(second.placements.values_list("node__name", flat=True))
+    assert doomed not in new_nodes and len(new_nodes) == 2
+    # A Karpenter pool: the relaunch's pods are placed by the pool's labels,
+    # kept off the doomed node, and land on the nodes Regatta preferred.
+    relaunched = eventually(lambda: running_pods(kube_world, second.provider_ref["name"], 2),
+                            timeout=60, interval=0.2, what="the relaunch's pods to run")
+    assert {p.spec.node_name for p in relaunched.values()} == new_nodes
+    eventually(lambda: kube_world.trainjob(name) is None and not gang(kube_world, name),
+               timeout=60, interval=0.2, what="the first attempt's TrainJob and pods to go")
