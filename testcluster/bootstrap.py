@@ -192,6 +192,10 @@ def regatta_kubeconfig(cluster, path: Path | None = None) -> Path:
     ServiceAccount: exactly the rights deploy/ grants it."""
     api = api_client(cluster.admin_kubeconfig)
     apply_deploy(api)
+    from .trainer_v2 import runtime_docs
+
+    # What a cluster with job_api trainjob installs beside deploy/base.
+    apply(api, runtime_docs())
     namespace, name = CONTROL_PLANE_SA
     token = service_account_token(api, namespace, name)
     return cluster.write_kubeconfig(path or cluster.state / "regatta.kubeconfig", token,

@@ -23,6 +23,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 KUBE_MOD = HERE / "go" / "kube"
 OPERATOR_MOD = HERE / "go" / "trainingoperator"
+TRAINER_MOD = HERE / "go" / "trainer"
+MODULES = (KUBE_MOD, OPERATOR_MOD, TRAINER_MOD)
 ENABLE_HINT = ("install Go >= 1.26 (https://go.dev/dl/) and run `make kube-build` to enable "
                "the real-cluster tests")
 
@@ -50,6 +52,9 @@ COMPONENTS = (
     Component("kwok", KUBE_MOD, "sigs.k8s.io/kwok/cmd/kwok"),
     Component("training-operator", OPERATOR_MOD,
               "github.com/kubeflow/training-operator/cmd/training-operator.v1"),
+    Component("jobset", TRAINER_MOD, "sigs.k8s.io/jobset"),
+    Component("trainer-controller-manager", TRAINER_MOD,
+              "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager"),
 )
 
 
@@ -76,6 +81,8 @@ def versions() -> dict[str, str]:
         "etcd": _required(KUBE_MOD, "go.etcd.io/etcd/server/v3"),
         "kwok": _required(KUBE_MOD, "sigs.k8s.io/kwok"),
         "training-operator": _required(OPERATOR_MOD, "github.com/kubeflow/training-operator"),
+        "trainer": _required(TRAINER_MOD, "github.com/kubeflow/trainer/v2"),
+        "jobset": _required(TRAINER_MOD, "sigs.k8s.io/jobset"),
     }
 
 
@@ -94,7 +101,7 @@ def bin_dir(go: str | None = None) -> Path:
     if go is None:
         raise BuildError("go is not installed: " + ENABLE_HINT)
     digest = hashlib.sha256()
-    for mod in (KUBE_MOD, OPERATOR_MOD):
+    for mod in MODULES:
         for name in sorted(os.listdir(mod)):
             path = mod / name
             if path.is_file():
@@ -103,7 +110,8 @@ def bin_dir(go: str | None = None) -> Path:
             digest.update((mod / "etcd" / "main.go").read_bytes())
     v = versions()
     key = (f"k8s-{v['kubernetes']}_etcd-{v['etcd']}_kwok-{v['kwok']}"
-           f"_training-operator-{v['training-operator']}_{_go_version(go)}"
+           f"_training-operator-{v['training-operator']}_trainer-{v['trainer']}"
+           f"_jobset-{v['jobset']}_{_go_version(go)}"
            f"_{digest.hexdigest()[:10]}")
     return cache_root() / key / "bin"
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -56,10 +57,12 @@ class Endpoints:
     etcd_peer_port: int
     kwok_port: int
     webhook_port: int
+    jobset_webhook_port: int
+    trainer_webhook_port: int
 
     @classmethod
     def pick(cls) -> Endpoints:
-        return cls(*(free_port() for _ in range(5)))
+        return cls(*(free_port() for _ in range(7)))
 
     @property
     def api_url(self) -> str:
@@ -159,8 +162,8 @@ class TestCluster:
 
     def down(self) -> None:
         """Stops every process this state folder started, last started first."""
-        order = ["training-operator", "kwok", "kube-scheduler", "kube-controller-manager",
-                 "kube-apiserver", "etcd"]
+        order = ["trainer-controller-manager", "jobset", "training-operator", "kwok",
+                 "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"]
         alive = self.running()
         for name in sorted(alive, key=lambda n: order.index(n) if n in order else -1):
             try:
@@ -302,9 +305,40 @@ class TestCluster:
         ], env={"KUBECONFIG": str(self.admin_kubeconfig),
                 "MY_POD_NAMESPACE": NAMESPACE_OPERATOR})
         bootstrap.wait_ready(self)
+        self._start_trainer_v2(ep, paths["ca.crt"])
         log(f"testcluster: cluster ready ({time.monotonic() - started:.1f} s); "
             f"admin kubeconfig {self.admin_kubeconfig}")
         return self.admin_kubeconfig
+
+    def _start_trainer_v2(self, ep: Endpoints, ca: Path) -> None:
+        """The JobSet controller and Kubeflow Trainer v2 (trainer_v2.py): their
+        CRDs, the two controllers, then their webhooks, once they serve."""
+        from . import bootstrap, trainer_v2
+
+        api = bootstrap.api_client(self.admin_kubeconfig)
+        bootstrap.apply(api, trainer_v2.crd_docs())
+        self._wait("the Trainer and JobSet CRDs", lambda: trainer_v2.established(api), 60)
+        ports = {trainer_v2.TRAINER: ep.trainer_webhook_port,
+                 trainer_v2.JOBSET: ep.jobset_webhook_port}
+        for name, how in trainer_v2.configure(self.state, ports).items():
+            # Cluster admins, as the ClusterRoles of their own deployments allow.
+            self._spawn(name, how["args"],
+                        env={"KUBECONFIG": str(self.admin_kubeconfig), **how["env"]})
+        for name, controller in (("jobset", "jobset"),
+                                 ("trainer-controller-manager", "trainjob_controller")):
+            self._wait(f"the {controller} controller",
+                       lambda n=name, c=controller: self._workers_started(n, c), 90)
+        for module, port in ports.items():
+            self._wait(f"{module}'s webhook server",
+                       lambda p=port: trainer_v2.serving(p, ca), 30)
+        bootstrap.apply(api, trainer_v2.webhook_configurations(ports, ca.read_bytes()))
+
+    def _workers_started(self, name: str, controller: str) -> bool:
+        # zap writes `"controller": "x"` in console form and `"controller":"x"` in JSON.
+        marker = re.compile(rf'"controller":\s?"{re.escape(controller)}"')
+        return any("Starting workers" in line and marker.search(line)
+                   for line in (self.logs / f"{name}.log").read_text(errors="replace")
+                   .splitlines())
 
     def _kwok_config(self) -> Path:
         from . import stages

@@ -69,3 +69,28 @@ def ensure(folder: Path) -> dict[str, Path]:
     paths["sa.pub"].write_bytes(sa_key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     return paths
+
+
+def serving_cert(folder: Path, ca_folder: Path, name: str) -> tuple[Path, Path]:
+    """A serving certificate for 127.0.0.1, signed by the cluster's CA, as
+    tls.crt and tls.key in `folder`: the controllers' webhook servers, which
+    the API server calls by URL on loopback (testcluster/trainer_v2.py)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    crt, key_path = folder / "tls.crt", folder / "tls.key"
+    if crt.exists() and key_path.exists():
+        return crt, key_path
+    ca_key = serialization.load_pem_private_key((ca_folder / "ca.key").read_bytes(), None)
+    ca = x509.load_pem_x509_certificate((ca_folder / "ca.crt").read_bytes())
+    now = datetime.datetime.now(datetime.UTC)
+    key = _key()
+    cert = (x509.CertificateBuilder().subject_name(_name(name)).issuer_name(ca.subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - _DAY).not_valid_after(now + 365 * _DAY)
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]),
+                           critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    _write_key(key_path, key)
+    crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return crt, key_path

@@ -48,6 +48,9 @@ def test_the_token_is_the_control_planes_service_account(as_regatta):
     ("create", "pytorchjobs", "kubeflow.org", None),
     ("delete", "pytorchjobs", "kubeflow.org", None),
     ("watch", "pytorchjobs", "kubeflow.org", None),
+    ("create", "trainjobs", "trainer.kubeflow.org", None),
+    ("delete", "trainjobs", "trainer.kubeflow.org", None),
+    ("get", "jobsets", "jobset.x-k8s.io", None),
     ("list", "pods", "", None),
     ("create", "pods", "", "eviction"),
     ("get", "pods", "", "log"),
@@ -65,6 +68,9 @@ def test_it_may_do_what_the_provider_does_in_the_training_namespace(
     # Secrets: created, read back by name and deleted, never listed or changed.
     ("list", "secrets", TRAINING_NS, ""),
     ("update", "secrets", TRAINING_NS, ""),
+    # A TrainJob's JobSet is the Trainer's: read, never changed.
+    ("delete", "jobsets", TRAINING_NS, "jobset.x-k8s.io"),
+    ("patch", "trainjobs", TRAINING_NS, "trainer.kubeflow.org"),
     # Pods are the operator's to change.
     ("patch", "pods", TRAINING_NS, ""),
     # Nodes are patched (cordon) and deleted (replace), never made.

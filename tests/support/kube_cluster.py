@@ -2,9 +2,11 @@
 test session, in the suite's state folder on free loopback ports.
 
 `kube` starts etcd, kube-apiserver (Node,RBAC, ServiceAccount tokens),
-kube-scheduler, kube-controller-manager, kwok and the Kubeflow
-training-operator; applies deploy/ (its RBAC for real, its workloads
-validated with a server-side dry run); and yields a KubeWorld holding a
+kube-scheduler, kube-controller-manager, kwok, the Kubeflow
+training-operator, and Kubeflow Trainer v2 with the JobSet controller and
+their webhooks; applies deploy/ (its RBAC for real, its workloads
+validated with a server-side dry run, deploy/trainjob's runtime through the
+Trainer's webhook); and yields a KubeWorld holding a
 kubeconfig with the token of deploy/'s ServiceAccount, so the provider has
 exactly the rights deploy/ grants. `kube_world` gives each test its own
 GPU pool of kwok nodes and removes it, and whatever ran in the training
@@ -91,6 +93,30 @@ class KubeWorld:
                 return None
             raise
 
+    def trainjob(self, name: str, namespace: str = TRAINING_NS) -> dict | None:
+        return self._custom_or_none("trainer.kubeflow.org", "v1alpha1", namespace,
+                                    "trainjobs", name)
+
+    def jobset(self, name: str, namespace: str = TRAINING_NS) -> dict | None:
+        return self._custom_or_none("jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", name)
+
+    def _custom_or_none(self, *args) -> dict | None:
+        try:
+            return self.custom.get_namespaced_custom_object(*args)
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _owners_gone(self, namespace: str) -> bool:
+        """No TrainJob, JobSet or Job left: nothing that would make pods again."""
+        return not any((
+            self.custom.list_namespaced_custom_object(
+                "trainer.kubeflow.org", "v1alpha1", namespace, "trainjobs")["items"],
+            self.custom.list_namespaced_custom_object(
+                "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets")["items"],
+            k8s.BatchV1Api(self.admin).list_namespaced_job(namespace).items))
+
     def clean_namespace(self, namespace: str = TRAINING_NS, timeout: float = 60) -> None:
         """Deletes every PyTorchJob, pod and Secret a test left, and waits
         until they are gone (kwok's pod-delete stage finishes the pods, the
@@ -98,6 +124,12 @@ class KubeWorld:
         name, since its database starts over."""
         self.custom.delete_collection_namespaced_custom_object(
             "kubeflow.org", "v1", namespace, "pytorchjobs")
+        # A TrainJob's JobSet and Jobs go by garbage collection; until they
+        # have, a Job might make a pod deleted below again.
+        self.custom.delete_collection_namespaced_custom_object(
+            "trainer.kubeflow.org", "v1alpha1", namespace, "trainjobs")
+        eventually(lambda: self._owners_gone(namespace), timeout=timeout, interval=0.2,
+                   what=f"the TrainJobs of {namespace} and what they made to go")
         # With their grace period, as a kubelet would see it: kwok's pod-delete
         # stage then removes them at once. Deleting them with none races that
         # stage, whose failed delete kwok retries a minute later under the

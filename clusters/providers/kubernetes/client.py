@@ -38,6 +38,8 @@ from .errors import classify, is_status
 from .observe import attempt_status, node_info, node_signals, started
 from .preflight import run_allreduce, run_dcgm_labels
 from .resources import smallest_allocatable
+from .trainjob import KIND as TRAINJOB_KIND
+from .trainjob_calls import TrainJobCalls
 
 
 def api_client_for(settings: KubeSettings) -> k8s.ApiClient:
@@ -74,6 +76,10 @@ class KubernetesProvider:
         self._aws_factory = aws_factory
         self._aws = None
         self._sleep, self._clock = sleep, clock
+        # Attempts made as TrainJobs (job_api trainjob); an attempt is observed
+        # and stopped by the kind its reference names, so attempts launched
+        # before the setting changed are still found.
+        self._trainjobs = TrainJobCalls(self)
 
     # The typed sections of Cluster.settings and NodePool.settings this
     # provider reads (clusters/settings.py parses them).
@@ -289,6 +295,8 @@ class KubernetesProvider:
         Secret goes when the job goes). Pods that start in between wait for
         the Secret; the control plane's Role has no `patch` on secrets, so the
         owner is set at creation."""
+        if self.settings.job_api == "trainjob":
+            return self._trainjobs.launch(request)
         secret = mf.token_secret(request, self.settings)
         body = mf.to_dict(mf.pytorch_job(request, self.settings, self._allocatable(request)))
         self._release_capacity(request.pool, {p.node for p in request.placements})
@@ -347,6 +355,8 @@ class KubernetesProvider:
         raise TemporaryError(f"secret {self.ns}/{name} keeps coming back; retry", delay=2.0)
 
     def observe(self, ref: dict) -> AttemptStatus:
+        if ref.get("kind") == TRAINJOB_KIND:
+            return self._trainjobs.observe(ref)
         name = ref["name"]
         job = self._get_job(name)
         pods = []
@@ -382,20 +392,23 @@ class KubernetesProvider:
         items = (found or {}).get("items") or []
         return items[0] if items else None
 
-    def _with_log_tails(self, status: AttemptStatus, pods: list[dict]) -> AttemptStatus:
+    def _with_log_tails(self, status: AttemptStatus, pods: list[dict],
+                        container: str = mf.CONTAINER) -> AttemptStatus:
         names = {(p.get("spec") or {}).get("nodeName"): p["metadata"]["name"] for p in pods}
         nodes = []
         for proc in status.nodes:
             pod = names.get(proc.node)
             if proc in status.failed_nodes and not proc.log_tail and pod:
                 tail = self._call(f"read log of {pod}", self.core.read_namespaced_pod_log,
-                                  pod, self.ns, container=mf.CONTAINER, tail_lines=40,
+                                  pod, self.ns, container=container, tail_lines=40,
                                   ok=(400, 404))
                 proc = replace(proc, log_tail=(tail or "")[-4000:])
             nodes.append(proc)
         return replace(status, nodes=tuple(nodes))
 
     def stop(self, ref: dict, grace_s: float = 30.0) -> None:
+        if ref.get("kind") == TRAINJOB_KIND:
+            return self._trainjobs.stop(ref, grace_s)
         name = ref["name"]
         options = k8s.V1DeleteOptions(
             propagation_policy=self.settings.delete_propagation,

@@ -16,6 +16,10 @@ from controlplane.lib.typed_settings import SettingsError, parse, setting
 PREFLIGHT_MODES = ("allreduce", "dcgm-labels")
 GANG_SCHEDULERS = ("", "volcano", "kueue")
 PROPAGATION = ("Foreground", "Background")
+# What an attempt is made as: a Kubeflow PyTorchJob (training-operator v1),
+# or a TrainJob (Kubeflow Trainer v2, run by JobSet) against the
+# ClusterTrainingRuntime named by `training_runtime` (deploy/trainjob/).
+JOB_APIS = ("pytorchjob", "trainjob")
 # Pool setting `node_autoscaler`: what brings up a machine behind a node. Only
 # an autoscaler that terminates the instance when its Node object is deleted,
 # and launches capacity anew (Karpenter), may be asked for a replacement by a
@@ -36,6 +40,10 @@ class KubeSettings:
     """A Kubernetes cluster's own settings (docs/kubernetes.md)."""
 
     namespace: str = setting("regatta-training", "namespace the PyTorchJobs run in")
+    job_api: str = setting("pytorchjob", "pytorchjob (Kubeflow v1) or trainjob (Trainer v2)",
+                           choices=JOB_APIS)
+    training_runtime: str = setting("regatta-torch-distributed",
+                                    "the ClusterTrainingRuntime of TrainJobs (job_api trainjob)")
     # How to reach the API server: in-cluster service account, a kubeconfig
     # (and context), or a plain URL without auth (kubectl proxy).
     in_cluster: bool = setting(False, "use the pod's service account")
@@ -84,7 +92,30 @@ class KubeSettings:
             raise SettingsError("cluster", {"namespace": "must not be empty"})
         if settings.gang_scheduler and not settings.queue:
             raise SettingsError("cluster", {"queue": f"is needed with {settings.gang_scheduler}"})
+        if settings.job_api == "trainjob":
+            _check_trainjob(settings, (raw or {}).get("preflight", True))
         return settings
+
+
+def _check_trainjob(settings: KubeSettings, preflight: Any) -> None:
+    """What a TrainJob cannot carry, refused when the cluster is saved rather
+    than dropped at launch (docs/kubernetes.md, "Trainer v2")."""
+    errors = {}
+    if not settings.training_runtime:
+        errors["training_runtime"] = "must name a ClusterTrainingRuntime with job_api trainjob"
+    if settings.gang_scheduler == "volcano":
+        errors["gang_scheduler"] = ("volcano is not supported with job_api trainjob yet "
+                                    "(the runtime's podGroupPolicy would carry it)")
+    if settings.priority_class:
+        errors["priority_class"] = ("a TrainJob's runtimePatches cannot set it: set "
+                                    "priorityClassName in the ClusterTrainingRuntime instead")
+    # `false` turns the check off (the job reconciler reads it so); the
+    # settings above read it as the default mode, hence the raw value here.
+    if preflight is not False and settings.preflight == "allreduce":
+        errors["preflight"] = ("the allreduce check runs as a PyTorchJob; with job_api "
+                               "trainjob use dcgm-labels or false")
+    if errors:
+        raise SettingsError("cluster", errors)
 
 
 @dataclass(frozen=True)

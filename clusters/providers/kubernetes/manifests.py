@@ -149,6 +149,32 @@ def pytorch_job(request: LaunchRequest, settings: KubeSettings,
     if not request.placements:
         raise PermanentError(f"{request.name}: no placements")
     placements = sorted(request.placements, key=lambda p: p.node_rank)
+    pod = _attempt_pod(request, settings, allocatable)
+    replicas = {"Master": _replica(pod, [placements[0].node], 1)}
+    if len(placements) > 1:
+        replicas["Worker"] = _replica(pod, [p.node for p in placements[1:]], len(placements) - 1)
+    return _job(request.name, pod.labels, settings, replicas, str(request.nproc_per_node),
+                len(placements))
+
+
+def attempt_pod_template(request: LaunchRequest, settings: KubeSettings,
+                         allocatable: dict | None = None, *,
+                         peer_label: str) -> k8s.V1PodTemplateSpec:
+    """The pod every node of an attempt runs, placed on any of the chosen
+    nodes (one pod per node), for a workload whose pods share one template
+    (a TrainJob's JobSet, trainjob.py). `peer_label` is the label the
+    workload's controller puts on all of the attempt's pods, which keeps
+    them apart."""
+    if not request.placements:
+        raise PermanentError(f"{request.name}: no placements")
+    pod = _attempt_pod(request, settings, allocatable, peer_label=peer_label)
+    nodes = [p.node for p in request.placements]
+    return _replica(pod, nodes, len(nodes)).template
+
+
+def _attempt_pod(request: LaunchRequest, settings: KubeSettings, allocatable: dict | None,
+                 peer_label: str = OPERATOR_JOB_LABEL) -> _PodParts:
+    placements = request.placements
     labels = labels_for(request.job_id, request.attempt_id)
     env = _trainer_env(request, settings)
     # torchrun SIGKILLs its ranks 30 s after a SIGTERM unless told otherwise;
@@ -157,7 +183,7 @@ def pytorch_job(request: LaunchRequest, settings: KubeSettings,
                *(request.command or ("-m", "trainer"))]
     volumes, mounts = _checkpoint_volume(request.checkpoint_uri, settings)
     shm_volumes, shm_mounts = _shm(settings)
-    pod = _PodParts(
+    return _PodParts(
         name=request.name, labels=labels, image=request.image, command=command, env=env,
         gpus=request.pool.gpus_per_node, pool=request.pool, settings=settings,
         service_account=_service_account(request, settings),
@@ -166,13 +192,8 @@ def pytorch_job(request: LaunchRequest, settings: KubeSettings,
         annotations=dict(DISRUPTION_ANNOTATIONS),
         # A node the attempt was placed on is never one to avoid.
         avoid=tuple(sorted(set(request.avoid_nodes) - {p.node for p in placements})),
-        pin=False,
+        pin=False, peer_label=peer_label,
     )
-    replicas = {"Master": _replica(pod, [placements[0].node], 1)}
-    if len(placements) > 1:
-        replicas["Worker"] = _replica(pod, [p.node for p in placements[1:]], len(placements) - 1)
-    return _job(request.name, labels, settings, replicas, str(request.nproc_per_node),
-                len(placements))
 
 
 def preflight_name(placements: tuple[Placement, ...], nonce: str) -> str:
@@ -223,7 +244,7 @@ def preflight_job(pool: PoolInfo, placements: tuple[Placement, ...],
         gpus=pool.gpus_per_node, pool=pool, settings=settings,
         service_account=settings.service_account, volumes=[], mounts=[],
         # A few seconds' check: no QoS to keep, nothing a consolidation would cost.
-        cpu_memory={}, annotations=None, avoid=(), pin=True,
+        cpu_memory={}, annotations=None, avoid=(), pin=True, peer_label=OPERATOR_JOB_LABEL,
     )
     replicas = {"Master": _replica(pod, [placements[0].node], 1)}
     if len(placements) > 1:
@@ -292,7 +313,7 @@ def _replica(pod: _PodParts, nodes: list[str], count: int) -> kf.KubeflowOrgV1Re
         termination_grace_period_seconds=settings.termination_grace_s,
         node_selector=dict(pool.node_selector) or None,
         tolerations=_tolerations(pool),
-        affinity=_affinity(pod.name, nodes, pool, pod.avoid, pod.pin),
+        affinity=_affinity(pod.name, nodes, pool, pod.avoid, pod.pin, pod.peer_label),
         volumes=pod.volumes or None,
         service_account_name=pod.service_account or None,
         scheduler_name="volcano" if settings.gang_scheduler == "volcano" else None,
@@ -311,12 +332,12 @@ def _replica(pod: _PodParts, nodes: list[str], count: int) -> kf.KubeflowOrgV1Re
 
 
 def _affinity(name: str, nodes: list[str], pool: PoolInfo, avoid: tuple[str, ...] = (),
-              pin: bool = False) -> k8s.V1Affinity:
+              pin: bool = False, peer_label: str = OPERATOR_JOB_LABEL) -> k8s.V1Affinity:
     """`pin`: on exactly `nodes` whatever the pool (a preflight checks those)."""
     # One pod per node, so Workers spread over exactly as many nodes.
     apart = k8s.V1PodAffinityTerm(
         topology_key=HOSTNAME,
-        label_selector=k8s.V1LabelSelector(match_labels={OPERATOR_JOB_LABEL: name}),
+        label_selector=k8s.V1LabelSelector(match_labels={peer_label: name}),
     )
     if pool.settings.node_autoscaler == "karpenter" and not pin:
         node_affinity = _pool_affinity(nodes, avoid)

@@ -65,9 +65,9 @@ def node_rank(pod: dict) -> int | None:
     return None
 
 
-def _terminated(pod: dict) -> dict | None:
+def _terminated(pod: dict, container: str) -> dict | None:
     for status in (pod.get("status") or {}).get("containerStatuses") or []:
-        if status.get("name") == CONTAINER:
+        if status.get("name") == container:
             state = status.get("state") or {}
             return state.get("terminated") or (status.get("lastState") or {}).get("terminated")
     return None
@@ -78,12 +78,15 @@ def _restarts(pod: dict) -> int:
                for s in (pod.get("status") or {}).get("containerStatuses") or [])
 
 
-def node_process(pod: dict, rank: int, fallback_node: str) -> NodeProcess:
+def node_process(pod: dict, rank: int, fallback_node: str,
+                 container: str = CONTAINER) -> NodeProcess:
+    """`container`: the trainer's, by the name its workload's controller
+    expects (the PyTorchJob's `pytorch`, a TrainJob's `node`)."""
     status = pod.get("status") or {}
     phase = status.get("phase", "Unknown")
     node = (pod.get("spec") or {}).get("nodeName") or fallback_node
     running = phase in ("Pending", "Running", "Unknown")
-    term = _terminated(pod)
+    term = _terminated(pod, container)
     exit_code = signal = None
     tail = ""
     if term is not None and not running:
@@ -208,6 +211,16 @@ def attempt_status(job: dict | None, pods: list[dict], placements: list[dict], *
         issues = []
     return AttemptStatus(state=state, nodes=tuple(nodes), message="; ".join(notes)[:1000],
                          start_issues=tuple(issues))
+
+
+def attempt_status_of(state: str, nodes: list[NodeProcess], notes: list[str],
+                      issues: list[StartIssue]) -> AttemptStatus:
+    """The status from what a workload's reader found (trainjob.py): any
+    failed rank fails the attempt, and only a running one waits to start."""
+    if _failed(nodes):
+        state = "failed"
+    return AttemptStatus(state=state, nodes=tuple(nodes), message="; ".join(notes)[:1000],
+                         start_issues=tuple(issues) if state == "running" else ())
 
 
 def _failed(nodes: list[NodeProcess]) -> list[NodeProcess]:

@@ -1,0 +1,90 @@
+"""The provider's calls for attempts made as TrainJobs (trainjob.py builds
+and reads them). It goes through the provider's own plumbing (`_call`,
+`_json`), so timeouts and the error classes are the PyTorchJob path's."""
+
+from __future__ import annotations
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from controlplane.lib.errors import PermanentError
+
+from ..base import AttemptStatus, LaunchRequest
+from . import manifests as mf
+from . import trainjob as tj
+from .errors import classify, is_status
+
+
+class TrainJobCalls:
+    def __init__(self, provider):
+        self.p = provider
+
+    @property
+    def ns(self) -> str:
+        return self.p.ns
+
+    def get(self, name: str) -> dict | None:
+        return self.p._call(f"get TrainJob {name}", self.p.custom.get_namespaced_custom_object,
+                            tj.GROUP, tj.VERSION, self.ns, tj.PLURAL, name, ok=(404,))
+
+    def _create(self, body: dict, attempt_id: str) -> dict:
+        name = body["metadata"]["name"]
+        try:
+            return self.p.custom.create_namespaced_custom_object(
+                tj.GROUP, tj.VERSION, self.ns, tj.PLURAL, body,
+                _request_timeout=self.p.settings.request_timeout_s)
+        except ApiException as exc:
+            if not is_status(exc, 409):
+                raise classify(exc, f"create TrainJob {name}") from exc
+        existing = self.get(name)
+        labels = (existing or {}).get("metadata", {}).get("labels") or {}
+        if existing is None or labels.get(mf.MANAGED_BY) != mf.MANAGER or (
+                labels.get(mf.LABEL_ATTEMPT) != attempt_id):
+            raise PermanentError(f"TrainJob {self.ns}/{name} exists and is not this attempt's")
+        return existing
+
+    def launch(self, request: LaunchRequest) -> dict:
+        """As the PyTorchJob's launch: the TrainJob, then its token Secret
+        owned by it."""
+        p = self.p
+        secret = mf.token_secret(request, p.settings)
+        body = tj.train_job(request, p.settings, p._allocatable(request))
+        p._release_capacity(request.pool, {pl.node for pl in request.placements})
+        job = self._create(body, str(request.attempt_id))
+        secret.metadata.owner_references = [tj.owner_reference(job)]
+        p._ensure_secret(mf.to_dict(secret), str(request.attempt_id))
+        return {
+            "provider": p.kind, "kind": tj.KIND, "namespace": self.ns, "name": request.name,
+            "uid": job["metadata"].get("uid", ""), "secret": secret.metadata.name,
+            "placements": [{"node": pl.node, "node_rank": pl.node_rank}
+                           for pl in sorted(request.placements, key=lambda pl: pl.node_rank)],
+        }
+
+    def observe(self, ref: dict) -> AttemptStatus:
+        p, name = self.p, ref["name"]
+        job = self.get(name)
+        pods, jobset, workload = [], None, None
+        if job is not None:
+            pods = p._json(f"list pods of {name}", p.core.list_namespaced_pod, self.ns,
+                           label_selector=tj.pods_selector(name)).get("items", [])
+            group, version, plural = tj.JOBSETS
+            jobset = p._call(f"get JobSet {name}", p.custom.get_namespaced_custom_object,
+                             group, version, self.ns, plural, name, ok=(404,))
+            if p.settings.gang_scheduler == "kueue" and not tj.started(jobset):
+                workload = p._workload(job)
+        status = tj.attempt_status(job, jobset, pods, ref.get("placements", []),
+                                   workload=workload,
+                                   own_secret=ref.get("secret") or mf.secret_name(name))
+        return p._with_log_tails(status, pods, container=tj.CONTAINER)
+
+    def stop(self, ref: dict, grace_s: float) -> None:
+        """Deleting the TrainJob is enough: its JobSet, the JobSet's Jobs and
+        their pods, and the token Secret are all garbage-collected with it."""
+        p, name = self.p, ref["name"]
+        options = k8s.V1DeleteOptions(propagation_policy=p.settings.delete_propagation,
+                                      grace_period_seconds=int(grace_s))
+        p._call(f"delete TrainJob {name}", p.custom.delete_namespaced_custom_object,
+                tj.GROUP, tj.VERSION, self.ns, tj.PLURAL, name, body=options, ok=(404,))
+        secret = ref.get("secret") or mf.secret_name(name)
+        p._call(f"delete secret {secret}", p.core.delete_namespaced_secret, secret, self.ns,
+                ok=(404,))
