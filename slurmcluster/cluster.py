@@ -24,6 +24,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from testcluster import pidfiles
+
 DAEMONS = {"munged": "/usr/sbin/munged", "slurmctld": "/usr/sbin/slurmctld",
            "slurmd": "/usr/sbin/slurmd"}
 CLIENTS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo", "srun")
@@ -210,26 +212,11 @@ GresTypes=gpu
                 start_new_session=True, **as_user,
             )
         self._procs[name] = proc
-        pidfile = self.pids / f"{name}.pid"
-        tmp = pidfile.with_suffix(".tmp")
-        tmp.write_text(f"{proc.pid}\n{argv[0]}\n")
-        tmp.rename(pidfile)
+        pidfiles.record(self.pids, name, proc.pid, argv[0])
 
     def running(self) -> dict[str, int]:
-        """Live daemons this folder started (a pid counts only while it still
-        runs the binary it was started with)."""
-        alive = {}
-        if not self.pids.exists():
-            return alive
-        for pidfile in sorted(self.pids.glob("*.pid")):
-            pid_text, _, binary = pidfile.read_text().partition("\n")
-            try:
-                argv0 = Path(f"/proc/{int(pid_text)}/cmdline").read_bytes().split(b"\0")[0]
-            except (OSError, ValueError):
-                continue
-            if argv0.decode(errors="replace") == binary.strip():
-                alive[pidfile.stem] = int(pid_text)
-        return alive
+        """Live daemons this folder started (see testcluster.pidfiles.running)."""
+        return pidfiles.running(self.pids)
 
     def stop_daemon(self, name: str, sig: int = signal.SIGKILL) -> int:
         """Signal one daemon (`slurmd-n3`, `slurmctld`): tests lose a node so."""

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from . import build, pki
+from . import build, pidfiles, pki
 
 NAMESPACE_OPERATOR = "kubeflow"
 # The serving certificate's Secret and webhook configuration the
@@ -136,29 +136,11 @@ class TestCluster:
         )
         log.close()
         self._procs[name] = proc
-        pidfile = self.pids / f"{name}.pid"
-        # Written whole or not at all: `running` in another process (a
-        # `status` or `down` from the command line) never reads half of it.
-        pidfile.with_suffix(".tmp").write_text(f"{proc.pid}\n{self.bin_dir / name}\n")
-        pidfile.with_suffix(".tmp").rename(pidfile)
+        pidfiles.record(self.pids, name, proc.pid, str(self.bin_dir / name))
 
     def running(self) -> dict[str, int]:
-        """Live processes this folder started. A pid counts only while it
-        still runs the binary it was started with: after a reboot or a crash
-        the number may belong to some other process, which `down` must
-        never signal."""
-        alive = {}
-        if not self.pids.exists():
-            return alive
-        for pidfile in sorted(self.pids.glob("*.pid")):
-            pid_text, _, binary = pidfile.read_text().partition("\n")
-            try:
-                argv0 = Path(f"/proc/{int(pid_text)}/cmdline").read_bytes().split(b"\0")[0]
-            except (OSError, ValueError):
-                continue
-            if argv0.decode(errors="replace") == binary.strip():
-                alive[pidfile.stem] = int(pid_text)
-        return alive
+        """Live processes this folder started (see pidfiles.running)."""
+        return pidfiles.running(self.pids)
 
     def down(self) -> None:
         """Stops every process this state folder started, last started first."""

@@ -36,14 +36,6 @@ DCGM_LABEL = "example.com/dcgm-diag"
 OPERATOR_JOB_LABEL = "training.kubeflow.org/job-name"
 
 
-@pytest.fixture
-def fsx(tmp_path):
-    """Where the shared file system is mounted, in the pods and here."""
-    path = tmp_path / "fsx"
-    path.mkdir()
-    return path
-
-
 def kube_cluster(world, pool, fsx, **settings_):
     cluster = Cluster.objects.create(
         name="kwok-a", provider=Cluster.Provider.KUBERNETES,

@@ -142,15 +142,6 @@ def test_a_nodes_new_dcgm_failure_on_a_later_sweep_is_a_new_event(db, kube_world
     assert row.events.filter(to_state="cordoned").exists()
 
 
-@pytest.fixture
-def fsx(tmp_path):
-    """Where the shared file system (FSx for Lustre through the cluster's
-    PVC) is mounted, in the ranks and here."""
-    path = tmp_path / "fsx"
-    path.mkdir()
-    return path
-
-
 def launched_job(world, fsx):
     pool = world.make_pool(size=3, labels={DCGM_LABEL: "pass"})
     cluster = kube_cluster(world, pool, checkpoint_pvc=CHECKPOINT_PVC,

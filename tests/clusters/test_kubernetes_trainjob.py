@@ -34,14 +34,6 @@ JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 
 
-@pytest.fixture
-def fsx(tmp_path):
-    """Where the shared file system is mounted, in the pods and here."""
-    path = tmp_path / "fsx"
-    path.mkdir()
-    return path
-
-
 def v2_cluster(world, pool, fsx, **settings):
     return kube_cluster(world, pool, fsx, job_api="trainjob", **settings)
 
