@@ -87,14 +87,20 @@ def test_a_rank_that_fails_fails_the_attempt_with_its_exit_code(provider, slurm_
 
     status = wait_done(provider, ref)
 
+    # Failed as soon as one node's torchrun ended so, the other still running.
     assert status.state == "failed"
-    assert {(n.exit_code, n.signal) for n in status.nodes} == {(3, None)}
     assert "exit code 3" in status.message
-    assert not status.nodes[0].node_lost, "a code error is no node's fault"
+    first = [n for n in status.nodes if not n.running]
+    assert first and {(n.exit_code, n.signal) for n in first} == {(3, None)}
+    assert not any(n.node_lost for n in status.nodes), "a code error is no node's fault"
     job = eventually(lambda: (j := slurm_world.job(ref["job_id"]))["JobState"]
                      not in ("RUNNING", "COMPLETING") and j, timeout=30,
                      what="Slurm to end the job")
     assert job["JobState"] == "FAILED" and job["Restarts"] == "0"
+    # Once Slurm has ended the job, every node's exit is on record.
+    over = provider.observe(ref)
+    assert over.state == "failed"
+    assert [(n.running, n.exit_code, n.signal) for n in over.nodes] == [(False, 3, None)] * 2
 
 
 def test_stop_scancels_the_job_and_leaves_nothing_running(provider, slurm_world):

@@ -79,9 +79,17 @@ class TrainJobCalls:
 
     def stop(self, ref: dict, grace_s: float) -> None:
         """Deleting the TrainJob is enough: its JobSet, the JobSet's Jobs and
-        their pods, and the token Secret are all garbage-collected with it."""
+        their pods, and the token Secret are all garbage-collected with it.
+
+        Always in the background, whatever `delete_propagation` says for
+        PyTorchJobs: the Trainer (v2.3) reconciles a TrainJob under deletion
+        like any other, re-applying its JobSet (a Failed one too, since it
+        clears that condition first), so a foreground deletion, which keeps
+        the TrainJob until its JobSet is gone, can chase the garbage
+        collector for minutes. Once the TrainJob itself is gone the Trainer
+        leaves it be."""
         p, name = self.p, ref["name"]
-        options = k8s.V1DeleteOptions(propagation_policy=p.settings.delete_propagation,
+        options = k8s.V1DeleteOptions(propagation_policy="Background",
                                       grace_period_seconds=int(grace_s))
         p._call(f"delete TrainJob {name}", p.custom.delete_namespaced_custom_object,
                 tj.GROUP, tj.VERSION, self.ns, tj.PLURAL, name, body=options, ok=(404,))
