@@ -186,6 +186,10 @@ class Node(models.Model):
     is_spare = models.BooleanField(default=False)
     gpus = models.PositiveIntegerField(default=1)
     labels = models.JSONField(default=dict, blank=True)
+    # What the provider itself last said of the node (Slurm's State and
+    # Reason, a Kubernetes node's conditions), as the cluster pass saw it:
+    # operators compare it with Regatta's own `state`.
+    provider_status = models.JSONField(default=dict, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     # Reliability history, feeding the failure rate used by the "auto" interval.
     failure_count = models.PositiveIntegerField(default=0)
@@ -237,6 +241,17 @@ class Node(models.Model):
     @property
     def state_label(self) -> str:
         return self.name
+
+    @property
+    def provider_summary(self) -> str:
+        """`provider_status` in one line: the provider's own state and reason
+        where it has them (Slurm: "DOWN+DRAIN — Not responding"), else its
+        conditions as name=value."""
+        status = self.provider_status or {}
+        if status.get("State"):
+            reason = status.get("Reason") or ""
+            return f"{status['State']} — {reason}" if reason else status["State"]
+        return ", ".join(f"{k}={v}" for k, v in status.items())
 
     @property
     def drain_sent(self) -> bool:

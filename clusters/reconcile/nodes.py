@@ -16,6 +16,7 @@ def sync_pool(pool, provider, info, now) -> None:
     reported = {n.name: n for n in provider.list_nodes(info)}
     rows = {n.name: n for n in Node.objects.filter(cluster_id=pool.cluster_id, pool=pool)}
     _found(pool, [seen for name, seen in reported.items() if name not in rows], now)
+    _keep_provider_status(rows, reported)
     for name, row in rows.items():
         seen = reported.get(name)
         if seen is None:
@@ -27,6 +28,19 @@ def sync_pool(pool, provider, info, now) -> None:
             row.transition(Node.State.FAILED, reason="provider reports it not ready", now=now,
                            evidence={"conditions": seen.conditions})
             Node.objects.filter(pk=row.pk).update(failure_count=F("failure_count") + 1)
+
+
+def _keep_provider_status(rows: dict, reported: dict) -> None:
+    """What the provider says of each node, for operators; written only
+    where it changed, so a quiet fleet's pass writes nothing."""
+    changed = []
+    for name, row in rows.items():
+        seen = reported.get(name)
+        if seen is not None and row.provider_status != seen.conditions:
+            row.provider_status = dict(seen.conditions)
+            changed.append(row)
+    if changed:
+        Node.objects.bulk_update(changed, ["provider_status"], batch_size=500)
 
 
 FOUND = "found at the provider"
@@ -67,7 +81,8 @@ def _insert_found(pool, new: list, room: int, now) -> None:
         rows.append({
             "cluster_id": pool.cluster_id, "pool_id": pool.id, "name": seen.name,
             "provider_id": seen.provider_id, "address": seen.address, "gpus": seen.gpus,
-            "labels": seen.labels, "is_spare": is_spare,
+            "labels": seen.labels, "provider_status": dict(seen.conditions),
+            "is_spare": is_spare,
             "state": Node.State.READY if seen.ready else Node.State.PROVISIONING,
             "state_changed_at": now, "created_at": now,
             "state_reason": READY if seen.ready else FOUND,

@@ -166,3 +166,27 @@ def test_a_node_whose_slurmd_dies_is_down_and_fails_its_attempt(provider, slurm_
     assert job["JobState"] in ("NODE_FAIL", "CANCELLED") and job["Restarts"] == "0", (
         "Slurm's own requeue stays off")
     assert Path(ref["dir"], "batch.sh").exists()
+
+
+def test_a_restarted_control_plane_finds_its_slurm_jobs_again(provider, slurm_world, tmp_path):
+    """A new provider, as a restarted worker builds it, holds nothing in
+    memory: what it knows is the attempt's ref (in the database) and
+    Slurm. A launch that died between sbatch and its ref.json adopts the
+    job Slurm has under the attempt's name rather than submitting another."""
+    ref = provider.launch(request("job-5-a1", env=LONG))
+    eventually(lambda: progress(ref, 1, 1) >= 1, timeout=90, what="the gang to step")
+
+    restarted = SlurmProvider("lab", SlurmSettings(slurm_conf=slurm_world.conf, partition="gpu",
+                                                   shared_dir=str(tmp_path / "shared")))
+    status = restarted.observe(ref)
+    assert status.state == "running" and all(n.running for n in status.nodes)
+    assert [n.node for n in status.nodes] == ["n1", "n2"]
+
+    (Path(ref["dir"]) / "ref.json").unlink()
+    assert restarted.launch(request("job-5-a1", env=LONG)) == ref
+    assert slurm_world.run("squeue", "-h", "-n", "job-5-a1", "-o", "%i").split() == [
+        ref["job_id"]], "one job per attempt"
+
+    restarted.stop(ref, grace_s=10)
+    eventually(lambda: not slurm_world.job_processes(ref["job_id"]), timeout=30,
+               what="every process of the job to end")

@@ -5,6 +5,7 @@ evidence, drained in Slurm too, and a spare takes its place."""
 from __future__ import annotations
 
 import pytest
+from django.urls import reverse
 from django.utils import timezone
 
 from clusters.models import Cluster, Node, NodeHealthEvent, NodePool
@@ -35,7 +36,8 @@ def test_the_partitions_nodes_join_as_working_nodes_and_a_spare(slurm_world, tmp
     assert nodes[0].provider_id == "slurm://n1"
 
 
-def test_a_node_whose_slurmd_dies_is_cordoned_with_slurms_evidence(slurm_world, tmp_path):
+def test_a_node_whose_slurmd_dies_is_cordoned_with_slurms_evidence(slurm_world, tmp_path,
+                                                                    admin_client):
     cluster = slurm_cluster(slurm_world, tmp_path)
 
     slurm_world.lose_node("n2")
@@ -59,3 +61,13 @@ def test_a_node_whose_slurmd_dies_is_cordoned_with_slurms_evidence(slurm_world, 
     # One loss, one event, however many passes look at it.
     reconcile_cluster_unlocked(cluster.id, timezone.now())
     assert NodeHealthEvent.objects.filter(node__name="n2", kind="lost").count() == 1
+    # Operators see Slurm's own word beside Regatta's: on the node's page,
+    # and on the fleet page's tiles of the nodes in service.
+    lost = Node.objects.get(cluster=cluster, name="n2")
+    assert "DOWN" in lost.provider_status["State"]
+    assert lost.provider_status["Reason"].startswith("regatta: ")
+    page = admin_client.get(reverse("frontend:node", args=[lost.pk])).content.decode()
+    assert lost.provider_summary in page and "DOWN" in lost.provider_summary
+    assert Node.objects.get(cluster=cluster, name="n1").provider_summary == "IDLE"
+    fleet_page = admin_client.get(reverse("frontend:fleet")).content.decode()
+    assert 'title="n1: ready — provider reports it ready · provider: IDLE"' in fleet_page
