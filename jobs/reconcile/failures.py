@@ -62,6 +62,10 @@ def on_fresh_nodes(ctx: Ctx, attempt: JobAttempt, failure: Failure) -> bool:
     return bool(counts) and not any(counts)
 
 
+# How long a failed gang's survivors get to hand over the last completed
+# step before they are killed (worker_image/regatta/checkpoint.py).
+HANDOVER_GRACE_S = 5.0
+
 # `end_attempt`'s answer when another pass ended the attempt first.
 ENDED_ALREADY = object()
 
@@ -75,10 +79,14 @@ def end_attempt(ctx: Ctx, attempt: JobAttempt, failure: Failure):
     step the job falls back to (None: the start), or ENDED_ALREADY."""
     now = ctx.now
     try:
-        # No grace: the gang is broken (or its emergency checkpoint is taken),
-        # and a SIGTERMed survivor would only try a checkpoint its dead peer
-        # can never join.
-        ctx.provider.stop(attempt.provider_ref, grace_s=1.0)
+        # The gang is broken (or its emergency checkpoint is taken): no
+        # grace for a checkpoint, which a dead peer could never join. But
+        # the survivors of a peer's death write the last step they completed
+        # (a hand-over, no collective) and exit: a few seconds let them
+        # finish, and cost nothing when they exit at once. Silent ranks
+        # (a hang) would only use them up.
+        grace = 1.0 if failure.cls == FailureClass.HANG else HANDOVER_GRACE_S
+        ctx.provider.stop(attempt.provider_ref, grace_s=grace)
     except Exception as exc:  # the attempt ends in our books either way; the
         failure.evidence["stop_error"] = str(exc)[:300]  # next launch uses other names
     if not attempt.end(JobAttempt.State.FAILED, now, exit_code=failure.exit_code,
@@ -89,9 +97,12 @@ def end_attempt(ctx: Ctx, attempt: JobAttempt, failure: Failure):
     if failure.health_event_ids:
         NodeHealthEvent.objects.filter(pk__in=failure.health_event_ids).update(handled_at=now)
     rollback_s, fallback_step = _rollback_seconds(ctx, attempt, failure.failed_at or now)
+    # Steps lost: from the newest step the ranks reported to the one the
+    # job falls back to (0 when survivors handed over the last one).
+    lost = max(0, (attempt.last_step or 0) - (fallback_step or 0))
     goodput.book_attempt_end(ctx.job, attempt, ended_at=now, rollback_s=rollback_s,
                              hang_s=failure.hang_s,
-                             detail=f"rolled back to step {fallback_step}")
+                             detail=f"rolled back to step {fallback_step}: {lost} steps lost")
     return fallback_step
 
 

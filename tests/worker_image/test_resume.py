@@ -12,8 +12,8 @@ from .helpers import flat_tensors, load_checkpoint, losses
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
-# Dropout on, so the saved RNG states matter; accumulation, so the sampler
-# position moves more than once per step.
+# Dropout on, so the per-step RNG streams matter; accumulation, so the
+# sampler position moves more than once per step.
 CONFIG = {"max_steps": 16, "checkpoint_every_steps": 4, "keep_last": 10, "dropout": 0.1,
           "grad_accum_steps": 2}
 
@@ -68,6 +68,36 @@ def test_it_resumes_bitwise_identically_after_sigkill(launcher, reference, tmp_p
 
     assert resumed.proc.returncode == 0, resumed.log()[-3000:]
     assert "resumed from" in resumed.log()
+    assert_same_state(reference / "step-16", ckpt / "step-16", tmp_path)
+
+
+def test_the_survivor_hands_over_the_last_completed_step_when_a_peer_dies(
+        launcher, reference, tmp_path):
+    """A rank SIGKILLed mid-run: the survivor's next collective fails, and it
+    writes the last step it completed by itself (no collective), committed
+    with its manifest and every rank's state. A run resumed from it loses at
+    most the step in flight, not the steps since step-8, and ends bitwise
+    equal to the uninterrupted one."""
+    ckpt = tmp_path / "ckpt"
+    run = launcher.start({**CONFIG, "step_sleep_s": 0.15}, ckpt)
+    store = open_storage(str(ckpt))
+    run.wait_for(lambda: "step 10 loss" in run.log(), timeout=60, what="step 10")
+    os.kill(max(run.ranks()), signal.SIGKILL)
+    run.wait(60)
+
+    handed = store.committed_steps()[-1]
+    assert handed >= 10, (store.committed_steps(), run.log()[-3000:])
+    assert f"checkpoint step-{handed} handed over by rank" in run.log()
+    survivor = list(run.statuses().values())  # the killed rank wrote none
+    assert [(s["exit_code"], s["step"]) for s in survivor] == [(84, handed)], \
+        "the survivor's last completed step"
+    files = store.read_manifest(handed)["files"]
+    assert {"trainer_state/rank-0.pt", "trainer_state/rank-1.pt", ".metadata"} <= set(files)
+
+    resumed = launcher.run(CONFIG, ckpt)
+
+    assert resumed.proc.returncode == 0, resumed.log()[-3000:]
+    assert f"step-{handed} (step {handed})" in resumed.log()
     assert_same_state(reference / "step-16", ckpt / "step-16", tmp_path)
 
 

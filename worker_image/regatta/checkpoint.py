@@ -14,6 +14,10 @@ A save of DCP state (`Checkpointer.save`) has three phases:
 Only phase 1 ever blocks a step, unless the next save or the exit needs the
 previous one finished first. A save of files a program wrote
 (`save_files`) is phases 2 and 3, synchronously.
+
+A survivor's hand-over (`hand_over`) is the one save with no collective: a
+peer died, so one rank writes the whole step, every rank's state included,
+into a folder of its own and renames it into place.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import contextlib
 import io
 import json
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -328,8 +333,78 @@ class Checkpointer:
         self.retention.apply(self.storage)
         return True
 
+    def hand_over(self, step: int, state: Any, rank_states: dict[int, Any]) -> str:
+        """Write step-N from this process alone, with no collective: a
+        survivor's save after a peer died, of state this rank holds whole
+        (DDP's replicated model and optimizer) with every rank's rank
+        state, which the caller rebuilt. Survivors may race: each writes a
+        folder of its own beside the step's, with manifest and marker, and
+        renames it into place; the first rename wins.
+
+        Returns "written" (this rank's folder is step-N), "taken" (step-N
+        was committed already, by a peer or a save), or why nothing was
+        written. Only on a file system the nodes share: object storage has
+        no atomic rename to settle the race."""
+        final = self.storage.local_dir(step)
+        if final is None:
+            return "object storage: no atomic rename to settle which survivor writes"
+        if self.storage.is_committed(step):
+            return "taken"
+        started = time.monotonic()
+        mine = final.parent / f".{final.name}.handover-{self.d.rank}-{os.getpid()}"
+        shutil.rmtree(mine, ignore_errors=True)
+        mine.mkdir(parents=True)
+        try:
+            dcp.save(to_state_dict(state), storage_writer=dcp.FileSystemWriter(str(mine)),
+                     no_dist=True)
+            files = sorted(p.name for p in mine.glob("*.distcp")) + [".metadata"]
+            (mine / STATE_DIR).mkdir()
+            for rank, rank_state in sorted(rank_states.items()):
+                files.append(f"{STATE_DIR}/rank-{rank}.pt")
+                (mine / files[-1]).write_bytes(_pickled(rank_state))
+            if self.config is not None:
+                (mine / CONFIG_FILE).write_text(json.dumps(self.config, indent=1, sort_keys=True))
+                files.append(CONFIG_FILE)
+            manifest_bytes = mf.build_manifest(step, mf.hash_local_files(mine, files))
+            (mine / mf.MANIFEST).write_bytes(manifest_bytes)
+            (mine / mf.MARKER).write_bytes(mf.marker_for(manifest_bytes))
+            if not _publish(mine, final):
+                return "taken"
+        finally:
+            shutil.rmtree(mine, ignore_errors=True)
+        save_s = time.monotonic() - started
+        size = sum(e["bytes"] for e in mf.parse_manifest(manifest_bytes)["files"].values())
+        log.info("checkpoint step-%d handed over by rank %d: %d bytes in %.2fs", step,
+                 self.d.rank, size, save_s)
+        self.last_committed = step
+        self.reporter.checkpoint({
+            "step": step, "uri": self.storage.step_uri(step), "bytes": size,
+            "manifest_sha256": mf.sha256_bytes(manifest_bytes),
+            "save_seconds": round(save_s, 4), "blocking_seconds": round(save_s, 4),
+            "emergency": True, "request_id": None,
+        })
+        return "written"
+
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+def _publish(folder: Path, final: Path) -> bool:
+    """Rename a complete step folder into place. False when a committed one
+    is there already (another survivor's); a folder there with no marker is
+    a save that never committed, moved aside and removed first."""
+    for _ in range(3):
+        try:
+            os.rename(folder, final)
+            return True
+        except OSError:
+            if (final / mf.MARKER).exists():
+                return False
+            aside = final.parent / f".{final.name}.stale-{os.getpid()}"
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(final, aside)
+            shutil.rmtree(aside, ignore_errors=True)
+    return False
 
 
 def _pickled(rank_state: Any) -> bytes | None:

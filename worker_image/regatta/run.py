@@ -201,6 +201,40 @@ class Run:
                               use_async=use_async, emergency=self.stopping,
                               request_id=request_id, export=export)
 
+    def hand_over(self, step: int, state: Any, rank_states: Mapping[int, Any], *,
+                  cause: str = "") -> bool:
+        """After a peer died (a collective failed), save step-N from this
+        rank alone, with no collective, for the relaunch to resume from:
+        `state` as for `checkpoint` but held whole by this rank (DDP), and
+        `rank_states` every rank's `rank_state` by rank. The first survivor
+        to finish writes it, the others find it written; the writer puts
+        `survivor_handover` on the timeline. Never raises: a hand-over that
+        fails leaves the newest checkpoint as it was. Returns whether
+        step-N is committed now."""
+        states = {r: self._rank_state(s) for r, s in rank_states.items()}
+        try:
+            outcome = self.ckpt.hand_over(step, state, states)
+        except Exception as exc:  # the relaunch resumes from the checkpoint before
+            log.exception("handing over step %d failed", step)
+            outcome = f"{type(exc).__name__}: {exc}"
+        if outcome == "written":
+            self.reporter.event("survivor_handover", (
+                f"step-{step} written by rank {self.rank} after a peer failed; the relaunch "
+                f"resumes from it, no step rolled back")[:500],
+                {"step": step, "rank": self.rank, "cause": cause[:300]})
+        elif outcome != "taken":
+            self.hand_over_impossible(step, outcome)
+        return outcome in ("written", "taken")
+
+    def hand_over_impossible(self, step: int, why: str) -> None:
+        """Say on the timeline (from each node's first rank) that the state of
+        step-N could not be handed over: the relaunch rolls back to the
+        newest checkpoint."""
+        log.warning("no hand-over of step %d: %s", step, why)
+        if self.launch.local_rank == 0:
+            self.reporter.event("survivor_handover_failed", f"step-{step}: {why}"[:500],
+                                {"step": step, "rank": self.rank})
+
     def checkpoint_dir(self, step: int) -> Path:
         """A local folder to write step-N's files into, for `checkpoint_files`."""
         path = self.ckpt.step_dir(step)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import hashlib
 import logging
 import math
 import random
@@ -20,8 +21,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from regatta import gpu
-from regatta.dist import tighten_timeout
-from regatta.exits import EXIT_OK
+from regatta.dist import classify, tighten_timeout
+from regatta.exits import EXIT_COLLECTIVE, EXIT_OK
 from regatta.run import Run
 from regatta.state import Export, ModelState
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -83,10 +84,11 @@ class Trainer:
             fused=self.use_cuda or None,
         )
         self.state = ModelState(self.model, self.optimizer)
-        self._seed_rank_rngs()
         train, self.val_data = data.load_splits()
         self.sampler = data.ShardedSampler(train, self.shape.block_size, cfg.batch_size,
                                            d.rank, d.world_size, cfg.seed)
+        self.started_at = 0
+        self._mark_completed()
         self.peak_flops = gpu.peak_flops(d.device)
         # Automatic cyclic GC pauses grow with the heap and land on random
         # steps of random ranks, where every other rank then waits for the
@@ -116,8 +118,14 @@ class Trainer:
             return model
         return DDP(model, device_ids=[self.d.local_rank] if self.use_cuda else None)
 
-    def _seed_rank_rngs(self) -> None:
-        seed = self.cfg.seed + self.d.rank
+    def _seed_step_rngs(self) -> None:
+        """Every random stream of the step about to run (dropout's above all)
+        seeded from (seed, rank, step) alone, like the learning rate: a
+        resumed run draws what the uninterrupted one would have, with no RNG
+        state in the checkpoint, and a survivor can write any rank's state
+        for a step (`hand_over`)."""
+        key = f"{self.cfg.seed}/{self.d.rank}/{self.step}".encode()
+        seed = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
         torch.manual_seed(seed)
         random.seed(seed)
         np.random.seed(seed % 2**32)
@@ -127,33 +135,47 @@ class Trainer:
         if resumed is None:
             return
         state = resumed.rank_state
-        self.step = int(state["step"])
+        self.step = self.started_at = int(state["step"])
         self.sampler.load_state_dict(state["sampler"])
-        if state.get("world_size") == self.d.world_size:
-            self._set_rng_state(state["rng"])
-        else:
-            log.warning("world size changed (%s -> %s): RNG streams restart from the seed",
-                        state.get("world_size"), self.d.world_size)
+        if state.get("world_size") != self.d.world_size:
+            log.warning("world size changed (%s -> %s): the data order restarts from the "
+                        "seed at the next epoch", state.get("world_size"), self.d.world_size)
+        self._mark_completed()
 
     # -- state ------------------------------------------------------------------
-    def _rng_state(self) -> dict:
-        state = {"torch": torch.get_rng_state(), "python": random.getstate(),
-                 "numpy": np.random.get_state()}
-        if self.use_cuda:
-            state["cuda"] = torch.cuda.get_rng_state(self.d.device)
-        return state
-
-    def _set_rng_state(self, state: dict) -> None:
-        torch.set_rng_state(state["torch"])
-        random.setstate(state["python"])
-        np.random.set_state(state["numpy"])
-        if self.use_cuda and "cuda" in state:
-            torch.cuda.set_rng_state(state["cuda"], self.d.device)
-
-    def trainer_state(self) -> dict:
-        return {"step": self.step, "rank": self.d.rank, "world_size": self.d.world_size,
-                "rng": self._rng_state(), "sampler": self.sampler.state_dict(),
+    def trainer_state(self, rank: int | None = None, sampler: dict | None = None) -> dict:
+        """What a checkpoint keeps of rank `rank` (this one by default) at
+        this step. Nothing in it is rank-specific but the rank itself: the
+        sampler's position is every rank's, the RNGs are the step's."""
+        return {"step": self.step, "rank": self.d.rank if rank is None else rank,
+                "world_size": self.d.world_size,
+                "sampler": self.sampler.state_dict() if sampler is None else sampler,
                 "config": self.cfg.to_dict()}
+
+    def _mark_completed(self) -> None:
+        """Remember the step just completed (model and optimizer updated,
+        the sampler at its next batch): the state a survivor hands over."""
+        self.completed = {"step": self.step, "sampler": self.sampler.state_dict()}
+
+    def hand_over(self, cause: BaseException) -> None:
+        """A peer died (a collective failed). Under DDP this rank still holds
+        the whole model and optimizer of the last completed step, and every
+        rank's trainer state is rebuilt from the step, so it writes that
+        step, with no collective, for the relaunch to resume from: at most
+        the step in flight is lost (`Run.hand_over`). Not mid-update (the
+        state is half a step), not for a step already saved or resumed
+        from, and not under FSDP, whose shards died with their node: the
+        relaunch falls back to the newest checkpoint, as the timeline says."""
+        at = self.completed
+        if at is None or at["step"] in (self.started_at, self.run_.ckpt.last_committed):
+            return
+        if self.cfg.strategy == "fsdp":
+            self.run_.hand_over_impossible(at["step"], "FSDP: the dead ranks' shards are lost")
+            return
+        states = {r: {**self.trainer_state(rank=r, sampler=at["sampler"]), "step": at["step"]}
+                  for r in range(self.d.world_size)}
+        self.run_.hand_over(at["step"], self.state, states,
+                            cause=f"{type(cause).__name__}: {cause}")
 
     def save(self, *, sync: bool = False, export: bool = False) -> None:
         self.run_.checkpoint(
@@ -198,6 +220,7 @@ class Trainer:
         if faults.fail_at_step and self.step + 1 == faults.fail_at_step:
             raise InjectedFailure(f"fail_at_step={faults.fail_at_step}: simulated user-code "
                                   "error")
+        self._seed_step_rngs()
         lr = self.lr_at(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -219,11 +242,13 @@ class Trainer:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
+        self.completed = None  # from here to the step's end, half a step
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self._mark_completed()
         if faults.step_sleep_s:
             time.sleep(faults.step_sleep_s)
-        self.step += 1
         return total, norm
 
     def _routing(self, so_far: torch.Tensor | None) -> torch.Tensor:
@@ -233,6 +258,14 @@ class Trainer:
         return stats if so_far is None else so_far + stats
 
     def run(self) -> int:
+        try:
+            return self._train()
+        except BaseException as exc:
+            if classify(exc) == EXIT_COLLECTIVE:
+                self.hand_over(exc)
+            raise
+
+    def _train(self) -> int:
         cfg, d = self.cfg, self.d
         tokens_per_step = cfg.batch_size * cfg.grad_accum_steps * d.world_size \
             * self.shape.block_size
