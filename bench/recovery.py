@@ -40,19 +40,36 @@ TRAINER = {"model": "nano", "batch_size": 2, "warmup_steps": 2, "log_every_steps
 STEP_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \[rank 0\].* step (\d+) loss")
 
 
+def step_lines(log: Path) -> list[tuple[float, int]]:
+    """(wall time, step) of each 'step N loss' line of rank 0."""
+    if not log.exists():
+        return []
+    lines = []
+    for line in log.read_text(errors="replace").splitlines():
+        m = STEP_LINE.match(line)
+        if m:
+            stamp = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            lines.append((stamp, int(m.group(2))))
+    return lines
+
+
 def first_step_after(log: Path, after: float, timeout: float = 300.0) -> float:
     """Wall time of the first 'step N loss' line of rank 0 stamped after `after`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if log.exists():
-            for line in log.read_text(errors="replace").splitlines():
-                m = STEP_LINE.match(line)
-                if m:
-                    stamp = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-                    if stamp > after:
-                        return stamp
+        later = [stamp for stamp, _ in step_lines(log) if stamp > after]
+        if later:
+            return later[0]
         time.sleep(0.1)
     raise TimeoutError(f"no step after the kill in {log}")
+
+
+def steps_lost(before_log: Path, after_log: Path, t_kill: float) -> int:
+    """Steps trained again: from the last step rank 0 logged before the kill
+    back to the step the relaunch resumed from (its first step, less one)."""
+    before = [step for stamp, step in step_lines(before_log) if stamp <= t_kill]
+    after = [step for stamp, step in step_lines(after_log) if stamp > t_kill]
+    return max(before) - (min(after) - 1)
 
 
 def free_port() -> int:
@@ -244,7 +261,7 @@ def paired(injections: int, workdir: Path, preflight: bool) -> tuple[list[float]
     from clusters.providers import get_provider
 
     provider = get_provider(cluster)
-    base_times, ours = [], []
+    base_times, ours, lost = [], [], []
     try:
         first_step_after(base.log(), 0)
         for number in range(1, injections + 1):
@@ -259,15 +276,17 @@ def paired(injections: int, workdir: Path, preflight: bool) -> tuple[list[float]
             provider.kill_rank(attempt.provider_ref, rank=1)
             sweep_until(lambda lg=log: (lg / "node-0" / "stdout.log").exists())
             ours.append(first_step_after(log / "node-0" / "stdout.log", t_kill) - t_kill)
+            lost.append(steps_lost(Path(attempt.provider_ref["dir"]) / "node-0" / "stdout.log",
+                                   log / "node-0" / "stdout.log", t_kill))
             sweep_until(lambda g=generation: base.generation > g)
             base_times.append(first_step_after(base.log(), t_kill) - t_kill)
             print(f"  injection {number}: baseline {base_times[-1]:.2f} s, "
-                  f"regatta {ours[-1]:.2f} s, difference {ours[-1] - base_times[-1]:+.2f} s",
-                  flush=True)
+                  f"regatta {ours[-1]:.2f} s, difference {ours[-1] - base_times[-1]:+.2f} s, "
+                  f"regatta steps lost {lost[-1]}", flush=True)
     finally:
         stop()
         base.stop()
-    return base_times, ours
+    return base_times, ours, lost
 
 
 def main() -> None:
@@ -282,13 +301,15 @@ def main() -> None:
     print("baseline: the same 2-node gang, relaunched the moment a torchrun exits")
     print("regatta: detect, cordon, replace from the spare pool, "
           f"{'preflight, ' if args.preflight else ''}relaunch, resume")
-    base, ours = paired(args.injections, workdir, args.preflight)
+    base, ours, lost = paired(args.injections, workdir, args.preflight)
     mb, mo = statistics.median(base), statistics.median(ours)
     md = statistics.median(o - b for o, b in zip(ours, base, strict=True))
     print(f"median seconds from kill to first step after resume over {args.injections}:")
     print(f"  baseline relaunch:       {mb:.2f} s")
     print(f"  regatta:                 {mo:.2f} s  (ratio {mo / mb:.2f}x)")
     print(f"  median paired difference {md:+.2f} s  (what the control plane adds; goal <= +2 s)")
+    print(f"  steps lost per failure:  median {statistics.median(lost):g}, max {max(lost)} "
+          "(a checkpoint every 5 steps; goal <= 1)")
 
 if __name__ == "__main__":
     main()

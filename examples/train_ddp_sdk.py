@@ -62,6 +62,9 @@ def main() -> None:
             run.exit_preempted(step)
     run.checkpoint(args.steps, state, export=regatta.Export(model.module))  # regatta
     run.finish(args.steps)  # regatta
+    # Leave the process group before the interpreter's teardown, where gloo's
+    # destructors can otherwise abort a run that succeeded.
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -90,6 +90,9 @@ def main() -> None:
     export = regatta.Export(model, {"width": args.width, "depth": args.depth})
     run.checkpoint(args.steps, state, export=export)
     run.finish(args.steps)
+    # Leave the process group before the interpreter's teardown, where gloo's
+    # destructors can otherwise abort a run that succeeded.
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
