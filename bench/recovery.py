@@ -65,11 +65,15 @@ def first_step_after(log: Path, after: float, timeout: float = 300.0) -> float:
 
 
 def steps_lost(before_log: Path, after_log: Path, t_kill: float) -> int:
-    """Steps trained again: from the last step rank 0 logged before the kill
-    back to the step the relaunch resumed from (its first step, less one)."""
-    before = [step for stamp, step in step_lines(before_log) if stamp <= t_kill]
+    """Steps trained again: from the last step the killed attempt's rank 0
+    completed (the survivor may finish the step in flight after the kill)
+    back to the step the relaunch resumed from (its first step, less one).
+    The survivor may also have completed a step it could not log (the
+    loss's all-reduce is the collective that failed): a resume past the
+    last logged step lost nothing."""
+    before = [step for _, step in step_lines(before_log)]
     after = [step for stamp, step in step_lines(after_log) if stamp > t_kill]
-    return max(before) - (min(after) - 1)
+    return max(0, max(before) - (min(after) - 1))
 
 
 def free_port() -> int:
