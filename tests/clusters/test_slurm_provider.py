@@ -74,9 +74,11 @@ def test_a_two_node_attempt_of_the_trainer_runs_as_one_sbatch_job(provider, slur
         ("n3", 0, 0, None), ("n1", 1, 0, None)]
     assert [[r["rank"] for r in n.ranks] for n in status.nodes] == [[0], [1]]
     assert (ckpt / "step-4" / "COMMITTED").exists()
-    # Every node's exit record says 0 before Slurm has finished COMPLETING.
-    job = eventually(lambda: (j := slurm_world.job(ref["job_id"]))["JobState"] != "COMPLETING"
-                     and j, timeout=30, what="Slurm to complete the job")
+    # Every node's exit record says 0 before Slurm has seen srun and the batch
+    # shell end (RUNNING) and finished COMPLETING.
+    job = eventually(lambda: (j := slurm_world.job(ref["job_id"]))["JobState"]
+                     not in ("RUNNING", "COMPLETING") and j, timeout=30,
+                     what="Slurm to complete the job")
     assert job["JobState"] == "COMPLETED" and job["ExitCode"] == "0:0"
     assert job["NodeList"] == "n[1,3]" and job["Requeue"] == "0"
     assert job["JobName"] == "job-1-a1" and job["Comment"] == "regatta:lab"
@@ -190,3 +192,33 @@ def test_a_restarted_control_plane_finds_its_slurm_jobs_again(provider, slurm_wo
     restarted.stop(ref, grace_s=10)
     eventually(lambda: not slurm_world.job_processes(ref["job_id"]), timeout=30,
                what="every process of the job to end")
+
+
+def test_the_preflight_all_reduces_across_the_chosen_nodes_as_a_slurm_job(provider,
+                                                                         slurm_world):
+    placements = (Placement(node="n3", node_rank=0), Placement(node="n1", node_rank=1))
+
+    result = provider.preflight(pool(), placements, timeout_s=90)
+
+    assert result.ok, result.message
+    assert result.evidence["method"] == "allreduce"
+    assert set(result.evidence["per_node"]) == {"n1", "n3"}
+    assert all(c["ok"] and c["busbw_gbps"] > 0 for c in result.evidence["per_node"].values())
+    # It ran through Slurm, on exactly those nodes, and is over.
+    job = slurm_world.job(result.evidence["slurm_job"])
+    assert slurm_world.run("scontrol", "show", "hostnames", job["NodeList"]).split() == [
+        "n1", "n3"]
+    assert job["JobState"] in ("COMPLETED", "COMPLETING", "CANCELLED")
+
+
+def test_a_drained_node_fails_the_preflight_on_slurms_word_without_a_job(provider,
+                                                                       slurm_world):
+    provider.cordon(pool(), "n2")
+    placements = (Placement(node="n1", node_rank=0), Placement(node="n2", node_rank=1))
+
+    result = provider.preflight(pool(), placements, timeout_s=30)
+
+    assert not result.ok and result.failed_nodes == ("n2",)
+    assert result.evidence["method"] == "slurm-state"
+    assert "DRAIN" in result.evidence["per_node"]["n2"]["error"]
+    assert not slurm_world.run("squeue", "-h"), "no job submitted"

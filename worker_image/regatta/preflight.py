@@ -35,7 +35,11 @@ def main(argv: list[str]) -> int:
     # flags like "--node" after the script for abbreviations of its own.
     env = os.environ
     parser = argparse.ArgumentParser(prog="python -m regatta.preflight")
-    parser.add_argument("--out", default=env.get("REGATTA_PREFLIGHT_OUT"))
+    # Under a launcher that gives each node a status folder (Slurm's node
+    # script), the report goes there when no path is named.
+    status_dir = env.get("REGATTA_STATUS_DIR")
+    parser.add_argument("--out", default=env.get("REGATTA_PREFLIGHT_OUT") or (
+        os.path.join(status_dir, "preflight.json") if status_dir else None))
     parser.add_argument("--node", default=env.get("REGATTA_NODE", os.uname().nodename))
     parser.add_argument("--bytes", type=int, default=int(env.get("REGATTA_PREFLIGHT_BYTES",
                                                                    8 << 20)))

@@ -104,18 +104,28 @@ def run_preflight(fleet: Path, placements: tuple[Placement, ...], bad: set[str],
     for i, name in enumerate(names):  # a last look: some may have written at the end
         if name not in results and (data := read_json(run_dir / f"node-{i}.json")):
             results[name] = data
-    failed, why = _verdict(names, results)
     dcgm = dcgm_summary(max(5.0, deadline - time.monotonic()))
-    if isinstance(dcgm, dict) and not dcgm["ok"] and not failed:
-        failed, why = names, "dcgmi diag -r 1 failed"
+    failed, why, per_node = node_reports(names, results, dcgm)
     evidence = preflight_evidence(
-        _per_node(names, results, failed, dcgm), seconds=time.monotonic() - started,
+        per_node, seconds=time.monotonic() - started,
         method="allreduce", bytes=TENSOR_BYTES, iters=ITERS, dcgm=dcgm, run_dir=str(run_dir),
     )
     message = f"preflight failed on {', '.join(failed)}: {why}" if failed else (
         f"all-reduce of {TENSOR_BYTES} bytes across {len(names)} nodes passed")
     return PreflightResult(ok=not failed, failed_nodes=tuple(failed), evidence=evidence,
                            message=message)
+
+
+def node_reports(names: list[str], results: dict[str, dict], dcgm: str | dict
+                 ) -> tuple[list[str], str, dict[str, NodeCheck]]:
+    """The verdict on the nodes' reports, and DCGM's where it ran: (the
+    nodes that failed, why, each node's check in the protocol's shape).
+    The Slurm provider's check (clusters/providers/slurm/preflight.py)
+    reads its nodes' reports the same way."""
+    failed, why = _verdict(names, results)
+    if isinstance(dcgm, dict) and not dcgm["ok"] and not failed:
+        failed, why = names, "dcgmi diag -r 1 failed"
+    return failed, why, _per_node(names, results, failed, dcgm)
 
 
 def _per_node(names: list[str], results: dict[str, dict], failed: list[str],

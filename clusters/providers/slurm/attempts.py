@@ -96,7 +96,8 @@ def _submit(slurm: Slurm, attempt_dir: Path, cluster: str, partition: str, featu
     return job_id
 
 
-def _job(slurm: Slurm, ref: dict) -> dict:
+def job_record(slurm: Slurm, ref: dict) -> dict:
+    """slurmctld's record of the attempt's job ({} once it forgot it)."""
     found = slurm.show("job", str(ref["job_id"]))
     return found[0] if found else {}
 
@@ -134,7 +135,7 @@ def _observe_node(slurm: Slurm, attempt_dir: Path, entry: dict, active: bool) ->
 
 def observe(slurm: Slurm, ref: dict) -> AttemptStatus:
     attempt_dir = Path(ref["dir"])
-    job = _job(slurm, ref)
+    job = job_record(slurm, ref)
     state = job.get("JobState", "")
     active = state in ACTIVE
     where = f"Slurm job {ref['job_id']} {state or 'unknown to slurmctld'}"
@@ -165,7 +166,7 @@ def observe(slurm: Slurm, ref: dict) -> AttemptStatus:
 def _wait_over(slurm: Slurm, ref: dict, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while True:
-        if _job(slurm, ref).get("JobState", "") not in ACTIVE:
+        if job_record(slurm, ref).get("JobState", "") not in ACTIVE:
             return True
         if time.monotonic() >= deadline:
             return False
@@ -188,7 +189,7 @@ def stop(slurm: Slurm, ref: dict, grace_s: float) -> None:
     """SIGTERM the job's steps (the trainer checkpoints and exits 83), then
     cancel it outright after `grace_s`: Slurm SIGKILLs what is left after
     its KillWait. Over when slurmctld says the job is."""
-    job = _job(slurm, ref)
+    job = job_record(slurm, ref)
     state = job.get("JobState", "")
     if state not in ACTIVE:
         return

@@ -30,7 +30,7 @@ from ..base import (
     ScalingStatus,
     preflight_evidence,
 )
-from . import attempts
+from . import attempts, preflight
 from .commands import Slurm
 from .nodes import REASON_PREFIX, in_pool, lost_signal, node_info, state_words
 
@@ -46,6 +46,9 @@ class SlurmSettings:
                               "attempts' scripts and exit records (default: "
                               "<REGATTA_STATE_DIR>/slurm-attempts/<cluster>, one machine only)")
     python: str = setting("", "interpreter with torch on the nodes (default: this one)")
+    preflight_mode: str = setting("allreduce", "allreduce (a timed all-reduce across the "
+                                  "chosen nodes, as a Slurm job) or state (Slurm's node "
+                                  "state only)", choices=("allreduce", "state"))
 
 
 @dataclass(frozen=True)
@@ -152,8 +155,18 @@ class SlurmProvider:
 
     def preflight(self, pool: PoolInfo, placements: tuple[Placement, ...],
                   timeout_s: float = 60.0) -> PreflightResult:
-        """Slurm's own view of the chosen nodes (up, not drained): a state
-        check, not a collective; docs/slurm.md says what is left to do."""
+        """Slurm's own view of the chosen nodes first (up, not drained), then
+        (`preflight_mode: allreduce`) a timed all-reduce across them, run as
+        a Slurm job of its own on exactly those nodes (preflight.py)."""
+        state = self._state_check(pool, placements)
+        if not state.ok or self.settings.preflight_mode != "allreduce":
+            return state
+        partition, feature = self._where(pool)
+        return preflight.run(self.slurm, self.shared, self.cluster, partition, feature, pool,
+                             placements, timeout_s, self.python)
+
+    def _state_check(self, pool: PoolInfo, placements: tuple[Placement, ...]
+                     ) -> PreflightResult:
         records = {r["NodeName"]: r for r in self._records(pool)}
         per_node, failed = {}, []
         for p in placements:
