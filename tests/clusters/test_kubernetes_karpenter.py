@@ -144,8 +144,9 @@ def test_a_replaced_karpenter_node_asks_for_its_successor_once(kube_world):
     assert set(term["matchExpressions"][0]["values"]) == {n1, idle}
 
 
-def kube_cluster(world, pool, *, size, spares=0, fsx="/checkpoints"):
-    """Checkpoints on a shared volume (FSx through the cluster's PVC) at `fsx`."""
+def kube_cluster(world, pool, *, size, spares=0, fsx="/checkpoints", node_selector=None):
+    """Checkpoints on a shared volume (FSx through the cluster's PVC) at `fsx`;
+    the pool's nodes found by Karpenter's label unless `node_selector` says."""
     cluster = Cluster.objects.create(
         name="eks-a", provider=Cluster.Provider.KUBERNETES,
         settings={"kubeconfig": str(world.regatta_kubeconfig), "namespace": NS,
@@ -153,7 +154,7 @@ def kube_cluster(world, pool, *, size, spares=0, fsx="/checkpoints"):
                   "checkpoint_pvc": CHECKPOINT_PVC, "checkpoint_mount_path": str(fsx)})
     NodePool.objects.create(cluster=cluster, name=pool.name, instance_type="p5.48xlarge",
                             gpus_per_node=8, size=size, spare_count=spares,
-                            node_selector=karpenter_labels(pool),
+                            node_selector=node_selector or karpenter_labels(pool),
                             settings={"node_autoscaler": "karpenter"})
     return cluster
 

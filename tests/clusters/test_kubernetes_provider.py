@@ -300,21 +300,24 @@ def test_a_webhook_that_cannot_be_called_is_a_temporary_server_error(kube_world,
                       "rules": [{"apiGroups": [""], "apiVersions": ["v1"],
                                  "operations": ["UPDATE"], "resources": ["nodes"]}]}]})
     try:
-        def webhook_in_force():
-            try:
-                kube_world.core.patch_node(node, {"spec": {"unschedulable": True}},
-                                           dry_run="All")
-            except ApiException as exc:
-                return exc.status == 500
-            return False
-
-        eventually(webhook_in_force, timeout=30, interval=0.2,
-                   what="the API server to call the webhook")
+        eventually(lambda: answers(500, lambda: kube_world.core.patch_node(
+                       node, {"spec": {"unschedulable": True}}, dry_run="All")),
+                   timeout=30, interval=0.2, what="the API server to call the webhook")
         with pytest.raises(TemporaryError, match="500"):
             provider.cordon(info, node)
         assert calls.calls("PATCH")[-1].status == 500
     finally:
         hooks.delete_validating_webhook_configuration("regatta-test-away")
+
+
+def answers(status: int, call) -> bool:
+    """Whether `call` fails with HTTP `status` now: an error a test set up
+    on the API server, which it serves only once it has taken effect."""
+    try:
+        call()
+    except ApiException as exc:
+        return exc.status == status
+    return False
 
 
 def test_an_api_group_whose_server_is_away_is_a_temporary_server_error(kube_world, calls):
@@ -331,16 +334,9 @@ def test_an_api_group_whose_server_is_away_is_a_temporary_server_error(kube_worl
                  "insecureSkipTLSVerify": True,
                  "service": {"namespace": "default", "name": "volcano-away", "port": 443}}})
     try:
-        def unavailable():
-            try:
-                kube_world.custom.get_namespaced_custom_object(
-                    "scheduling.volcano.sh", "v1beta1", NS, "podgroups", "job-7-a2")
-            except ApiException as exc:
-                return exc.status == 503
-            return False
-
-        eventually(unavailable, timeout=30, interval=0.2,
-                   what="the aggregator to find the group's server away")
+        eventually(lambda: answers(503, lambda: kube_world.custom.get_namespaced_custom_object(
+                       "scheduling.volcano.sh", "v1beta1", NS, "podgroups", "job-7-a2")),
+                   timeout=30, interval=0.2, what="the aggregator to find the group's server away")
         with pytest.raises(TemporaryError, match="503"):
             provider.observe(ref)  # a gang not started reads its PodGroup
         assert calls.calls("GET", "/apis/scheduling.volcano.sh/")[-1].status == 503

@@ -26,13 +26,13 @@ from jobs.models import JobAttempt, Phase
 from jobs.reconcile import reconcile_job_unlocked
 from testcluster import bootstrap
 from testcluster.stages import MISSING_IMAGE
+from tests.clusters.test_kubernetes_karpenter import kube_cluster as karpenter_cluster
 from tests.clusters.test_kubernetes_manifests import make_pool, make_request
 from tests.clusters.test_kubernetes_provider import pods_by_node
 from tests.clusters.test_kubernetes_real_cluster import condition_true
 from tests.fleet_helpers import later, launch, submit, team_with_quota
 from tests.support import k8s_standin as st
 from tests.support.kube_calls import record_every_provider
-from tests.support.kube_cluster import CHECKPOINT_PVC
 from tests.support.waiting import eventually
 
 NS = "regatta-training"
@@ -321,14 +321,7 @@ def real_kube_job(world, fsx, image, pool=None):
     """A launched two-node job on a kwok pool of its own (a Karpenter pool:
     placed by its labels), checkpoints on the cluster's shared volume."""
     pool = pool or world.make_pool(size=2)
-    cluster = Cluster.objects.create(
-        name="eks-a", provider=Cluster.Provider.KUBERNETES,
-        settings={"kubeconfig": str(world.regatta_kubeconfig), "namespace": NS,
-                  "request_timeout_s": 10, "preflight": False,
-                  "checkpoint_pvc": CHECKPOINT_PVC, "checkpoint_mount_path": str(fsx)})
-    NodePool.objects.create(cluster=cluster, name=pool.name, instance_type="p5.48xlarge",
-                            gpus_per_node=8, size=2, spare_count=0, node_selector=pool.selector,
-                            settings={"node_autoscaler": "karpenter"})
+    cluster = karpenter_cluster(world, pool, size=2, fsx=fsx, node_selector=pool.selector)
     now = timezone.now()
     reconcile_cluster_unlocked(cluster.id, now)
     team = team_with_quota(cluster, gpus=16)

@@ -321,17 +321,24 @@ class Checkpointer:
         self.storage.write_bytes(f"{prefix}/{mf.MANIFEST}", manifest_bytes)
         self.storage.write_bytes(f"{prefix}/{mf.MARKER}", mf.marker_for(manifest_bytes))
         save_s = time.monotonic() - p.started
-        size = sum(e["bytes"] for e in files.values()) + len(manifest_bytes)
+        size = self._report_commit(p.step, files, manifest_bytes, save_s, p.blocking_s,
+                                   p.emergency, p.request_id)
         log.info("checkpoint step-%d committed: %d bytes, %.2fs to save, %.3fs blocking",
                  p.step, size, save_s, p.blocking_s)
-        self.reporter.checkpoint({
-            "step": p.step, "uri": self.storage.step_uri(p.step), "bytes": size,
-            "manifest_sha256": mf.sha256_bytes(manifest_bytes),
-            "save_seconds": round(save_s, 4), "blocking_seconds": round(p.blocking_s, 4),
-            "emergency": p.emergency, "request_id": p.request_id,
-        })
         self.retention.apply(self.storage)
         return True
+
+    def _report_commit(self, step: int, files: dict, manifest_bytes: bytes, save_s: float,
+                       blocking_s: float, emergency: bool, request_id: str | None) -> int:
+        """Tell the control plane step-N is committed; returns its size in bytes."""
+        size = sum(e["bytes"] for e in files.values()) + len(manifest_bytes)
+        self.reporter.checkpoint({
+            "step": step, "uri": self.storage.step_uri(step), "bytes": size,
+            "manifest_sha256": mf.sha256_bytes(manifest_bytes),
+            "save_seconds": round(save_s, 4), "blocking_seconds": round(blocking_s, 4),
+            "emergency": emergency, "request_id": request_id,
+        })
+        return size
 
     def hand_over(self, step: int, state: Any, rank_states: dict[int, Any]) -> str:
         """Write step-N from this process alone, with no collective: a
@@ -365,7 +372,8 @@ class Checkpointer:
             if self.config is not None:
                 (mine / CONFIG_FILE).write_text(json.dumps(self.config, indent=1, sort_keys=True))
                 files.append(CONFIG_FILE)
-            manifest_bytes = mf.build_manifest(step, mf.hash_local_files(mine, files))
+            entries = mf.hash_local_files(mine, files)
+            manifest_bytes = mf.build_manifest(step, entries)
             (mine / mf.MANIFEST).write_bytes(manifest_bytes)
             (mine / mf.MARKER).write_bytes(mf.marker_for(manifest_bytes))
             if not _publish(mine, final):
@@ -373,16 +381,11 @@ class Checkpointer:
         finally:
             shutil.rmtree(mine, ignore_errors=True)
         save_s = time.monotonic() - started
-        size = sum(e["bytes"] for e in mf.parse_manifest(manifest_bytes)["files"].values())
+        size = self._report_commit(step, entries, manifest_bytes, save_s, blocking_s=save_s,
+                                   emergency=True, request_id=None)
         log.info("checkpoint step-%d handed over by rank %d: %d bytes in %.2fs", step,
                  self.d.rank, size, save_s)
         self.last_committed = step
-        self.reporter.checkpoint({
-            "step": step, "uri": self.storage.step_uri(step), "bytes": size,
-            "manifest_sha256": mf.sha256_bytes(manifest_bytes),
-            "save_seconds": round(save_s, 4), "blocking_seconds": round(save_s, 4),
-            "emergency": True, "request_id": None,
-        })
         return "written"
 
     def close(self) -> None:

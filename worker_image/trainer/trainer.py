@@ -143,13 +143,14 @@ class Trainer:
         self._mark_completed()
 
     # -- state ------------------------------------------------------------------
-    def trainer_state(self, rank: int | None = None, sampler: dict | None = None) -> dict:
+    def trainer_state(self, rank: int | None = None, at: dict | None = None) -> dict:
         """What a checkpoint keeps of rank `rank` (this one by default) at
-        this step. Nothing in it is rank-specific but the rank itself: the
-        sampler's position is every rank's, the RNGs are the step's."""
-        return {"step": self.step, "rank": self.d.rank if rank is None else rank,
-                "world_size": self.d.world_size,
-                "sampler": self.sampler.state_dict() if sampler is None else sampler,
+        step `at` (a `completed` record; default: now). Nothing in it is
+        rank-specific but the rank itself: the sampler's position is every
+        rank's, the RNGs are the step's."""
+        at = at or {"step": self.step, "sampler": self.sampler.state_dict()}
+        return {"step": at["step"], "rank": self.d.rank if rank is None else rank,
+                "world_size": self.d.world_size, "sampler": at["sampler"],
                 "config": self.cfg.to_dict()}
 
     def _mark_completed(self) -> None:
@@ -172,8 +173,7 @@ class Trainer:
         if self.cfg.strategy == "fsdp":
             self.run_.hand_over_impossible(at["step"], "FSDP: the dead ranks' shards are lost")
             return
-        states = {r: {**self.trainer_state(rank=r, sampler=at["sampler"]), "step": at["step"]}
-                  for r in range(self.d.world_size)}
+        states = {r: self.trainer_state(rank=r, at=at) for r in range(self.d.world_size)}
         self.run_.hand_over(at["step"], self.state, states,
                             cause=f"{type(cause).__name__}: {cause}")
 

@@ -40,18 +40,17 @@ def run(slurm: Slurm, shared: Path, cluster: str, partition: str, feature: str,
              "REGATTA_PREFLIGHT_TIMEOUT_S": str(max(1.0, min(COLLECTIVE_TIMEOUT_S,
                                                              timeout_s)))})
     ref = attempts.launch(slurm, shared, cluster, partition, feature, request, python)
-    reports = {}
+    state = ""
     try:
         deadline = started + timeout_s
         while time.monotonic() < deadline:
             reports = _reports(Path(ref["dir"]), names)
             self_failed = any(r.get("error") and not r.get("peer_failure")
                               for r in reports.values())
-            over = _over(slurm, ref)
-            if self_failed or len(reports) == len(names) or over:
+            state = attempts.job_record(slurm, ref).get("JobState", "")
+            if self_failed or len(reports) == len(names) or state not in attempts.ACTIVE:
                 break
             time.sleep(0.2)
-        state = attempts.job_record(slurm, ref).get("JobState", "")
     finally:
         attempts.scancel(slurm, str(ref["job_id"]))
     reports = _reports(Path(ref["dir"]), names)  # a last look
@@ -79,6 +78,3 @@ def _reports(run_dir: Path, names: list[str]) -> dict[str, dict]:
             found[node] = data
     return found
 
-
-def _over(slurm: Slurm, ref: dict) -> bool:
-    return attempts.job_record(slurm, ref).get("JobState", "") not in attempts.ACTIVE
