@@ -5,6 +5,8 @@ processes (gloo on CPU), kept to a few steps."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -168,6 +170,51 @@ def test_a_node_whose_slurmd_dies_is_down_and_fails_its_attempt(provider, slurm_
     assert job["JobState"] in ("NODE_FAIL", "CANCELLED") and job["Restarts"] == "0", (
         "Slurm's own requeue stays off")
     assert Path(ref["dir"], "batch.sh").exists()
+
+
+def test_a_node_lost_with_its_launcher_is_known_before_slurm_calls_it_down(provider,
+                                                                          slurm_world):
+    """The survivor's collective fails at once; Slurm calls the lost node
+    not responding, then DOWN, only after its SlurmdTimeout. A node whose
+    launcher stopped beating with no exit record, once a peer's part has
+    failed, went with its ranks: the attempt fails with that node lost,
+    seconds after the loss, on the launchers' word."""
+    ref = provider.launch(request("job-7-a1", env=LONG))
+    eventually(lambda: progress(ref, 1, 1) >= 1, timeout=90, what="the gang to step")
+    assert (Path(ref["dir"]) / "node-1" / "beat.json").exists(), "the launcher beats"
+
+    slurm_world.lose_node("n2")
+    status = eventually(lambda: (s := provider.observe(ref)).state == "failed"
+                        and s.nodes[1].node_lost and s, timeout=60, interval=0.2,
+                        what="the attempt to fail with n2 lost")
+
+    survivor, lost = status.nodes
+    assert (survivor.node, survivor.running, survivor.exit_code) == ("n1", False, 1), (
+        "n1's all-reduce failed on its peer's loss, and its launcher said so")
+    assert (lost.node, lost.running, lost.signal) == ("n2", False, 9)
+    assert "launcher went silent" in lost.node_lost, (
+        "known from the launchers, before Slurm's DOWN: " + lost.node_lost)
+    assert "node n2 (rank 1)" in status.message, "the lost node is named as the cause"
+    provider.stop(ref, grace_s=5)
+
+
+def test_a_rank_that_dies_alone_leaves_its_node_beating_and_not_lost(provider, slurm_world):
+    """A rank SIGKILLed on a healthy node (the OOM killer's pick): its
+    launcher records how torchrun ended, so no node counts as lost."""
+    ref = provider.launch(request("job-8-a1", env=LONG))
+    eventually(lambda: progress(ref, 1, 1) >= 1, timeout=90, what="the gang to step")
+    launcher = json.loads((Path(ref["dir"]) / "node-1" / "launcher.json").read_text())
+    pid = launcher["torchrun_pid"]
+    ranks = [int(r) for r in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    assert ranks, "torchrun's rank on n2"
+    os.kill(ranks[0], signal.SIGKILL)
+
+    status = eventually(lambda: (s := provider.observe(ref)).state == "failed"
+                        and not any(n.running for n in s.nodes) and s, timeout=60,
+                        interval=0.3, what="both nodes' parts to end")
+    assert not any(n.node_lost for n in status.nodes), [n.node_lost for n in status.nodes]
+    assert status.nodes[1].signal == 9 and not status.nodes[1].running
+    provider.stop(ref, grace_s=5)
 
 
 def test_a_restarted_control_plane_finds_its_slurm_jobs_again(provider, slurm_world, tmp_path):

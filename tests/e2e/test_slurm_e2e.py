@@ -37,11 +37,11 @@ def phase(job):
 def test_a_node_lost_under_a_running_job_is_drained_replaced_and_the_job_resumes_bitwise_equal(
         slurm_world, fleet):
     """A slurmd and the job step on its node SIGKILLed, as a machine losing
-    power: Slurm marks the node DOWN, Regatta drains it with Slurm's
-    evidence, takes the spare, relaunches the gang on healthy nodes from the
-    newest verified checkpoint, and the run ends with the same weights as
-    its twin with no fault (on the local fleet: the same trainer, world
-    size and seeds, so the same bits)."""
+    power: Regatta knows it from the launchers before Slurm does, calls the
+    node DOWN and drains it, takes the spare, relaunches the gang on
+    healthy nodes from the newest verified checkpoint, and the run ends
+    with the same weights as its twin with no fault (on the local fleet:
+    the same trainer, world size and seeds, so the same bits)."""
     cluster = slurm_cluster(slurm_world, fleet.root)
     twin_cluster = fleet.cluster(name="twin", size=2, spares=0)
     hyper = {"max_steps": 30, "step_sleep_s": 0.15}
@@ -65,21 +65,24 @@ def test_a_node_lost_under_a_running_job_is_drained_replaced_and_the_job_resumes
                lambda: phase(job) == Phase.SUCCEEDED and phase(twin) == Phase.SUCCEEDED,
                timeout=240, job=job if phase(twin) == Phase.SUCCEEDED else twin)
 
-    # The node: DOWN in Slurm, drained by Regatta with its reason, replaced
-    # in Regatta by the spare.
+    # The node: lost on the launchers' word (the survivor's collective
+    # failed at once, the victim's launcher went silent with no exit
+    # record), called DOWN in Slurm by Regatta for it so that the job ends
+    # without waiting for SlurmdTimeout, drained with Regatta's reason, and
+    # replaced in Regatta by the spare.
     victim.refresh_from_db()
     assert victim.state in (Node.State.REPLACED, Node.State.CORDONED), victim.state
+    failed = job.events.get(kind="NodeFailed")
+    assert failed.evidence["node"] == victim.name
+    assert "launcher went silent" in failed.evidence["node_lost"], failed.evidence
     event = NodeHealthEvent.objects.get(node=victim, kind="lost")
     assert "DOWN" in event.evidence["slurm_state"]
     state = slurm_world.node(victim.name)
     assert "DRAIN" in state["State"] and state["Reason"].startswith("regatta: ")
     assert Node.objects.get(cluster=cluster, name="n4").is_spare is False
-    # The survivor's collective fails at once, but Slurm takes its
-    # SlurmdTimeout to call the node DOWN: a relaunch may first go in place
-    # (and wait, ReqNodeNotAvail) until the node's loss is known. The run
-    # that finished did so on healthy nodes, the spare among them.
+    # Straight to the spare: no relaunch in place waited for Slurm's DOWN.
     final = job.attempts.order_by("-number").first()
-    assert final.state == "succeeded" and final.number >= 2
+    assert final.state == "succeeded" and final.number == 2
     placed = {p.node.name for p in final.placements.all()}
     assert victim.name not in placed and "n4" in placed, placed
     kinds = list(job.events.values_list("kind", flat=True))

@@ -1,6 +1,7 @@
 """The per-node wrapper around torchrun, run detached by the local provider.
 
-    python launcher.py run [--foreground] --dir <attempt>/node-<i> -- <torchrun argv...>
+    python launcher.py run [--foreground] [--beat-every S] --dir <attempt>/node-<i> \\
+        -- <torchrun argv...>
     python launcher.py kill-after --seconds S --fleet F --node N
 
 `run` forks away from its parent (so the worker that launched it can exit or
@@ -8,7 +9,9 @@ restart), records its own pid and torchrun's in `launcher.json`, waits for
 torchrun, and writes how it ended to `exit.json`. `--foreground` stays in
 its parent's process instead: a Slurm job step (clusters/providers/slurm/)
 lasts as long as its task, and Slurm tracks and signals the step's
-processes. torchrun itself only says
+processes. `--beat-every` rewrites `beat.json` every S seconds while
+torchrun runs: a node whose beat stops with no `exit.json` lost its
+launcher along with its ranks (Slurm's observe reads it). torchrun itself only says
 "1" when a rank fails, so the rank's own exit code or signal is read back from
 torchrun's failure report ("Root Cause ... exitcode : 83"). A node with a
 `launcher.json` but neither a live launcher nor an `exit.json` was killed.
@@ -73,7 +76,8 @@ def outcome(returncode: int, log: Path) -> dict:
     return result
 
 
-def run(node_dir: Path, argv: list[str], foreground: bool = False) -> int:
+def run(node_dir: Path, argv: list[str], foreground: bool = False,
+        beat_every: float | None = None) -> int:
     if not foreground and os.fork():
         os._exit(0)  # the launching process returns at once; we go on alone
     # The provider signals the whole session on stop; the launcher outlives
@@ -91,10 +95,12 @@ def run(node_dir: Path, argv: list[str], foreground: bool = False) -> int:
         "started_at": time.time(),
     })
     while True:
+        if beat_every:
+            write_json(node_dir / "beat.json", {"at": time.time()})
         try:
-            returncode = child.wait()
+            returncode = child.wait(timeout=beat_every)
             break
-        except InterruptedError:
+        except (InterruptedError, subprocess.TimeoutExpired):
             continue
     result = outcome(returncode, log)
     result["ended_at"] = time.time()
@@ -119,6 +125,7 @@ def main(args: list[str]) -> int:
     p_run = sub.add_parser("run")
     p_run.add_argument("--dir", required=True, type=Path)
     p_run.add_argument("--foreground", action="store_true")
+    p_run.add_argument("--beat-every", type=float, default=None)
     p_run.add_argument("argv", nargs=argparse.REMAINDER)
     p_kill = sub.add_parser("kill-after")
     p_kill.add_argument("--seconds", required=True, type=float)
@@ -127,7 +134,7 @@ def main(args: list[str]) -> int:
     opts = parser.parse_args(args)
     if opts.mode == "run":
         argv = opts.argv[1:] if opts.argv[:1] == ["--"] else opts.argv
-        return run(opts.dir, argv, foreground=opts.foreground)
+        return run(opts.dir, argv, foreground=opts.foreground, beat_every=opts.beat_every)
     return kill_after(opts.seconds, opts.fleet, opts.node)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import shutil
 import signal
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from controlplane.lib.errors import PermanentError, TemporaryError
@@ -25,7 +26,7 @@ from ..local.book import file_lock, read_json, write_json
 from ..local.environment import rank_environment
 from . import batch
 from .commands import Slurm, SlurmCommandError
-from .nodes import LOST, state_words
+from .nodes import LOST, REASON_PREFIX, state_words
 
 ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED",
                     "RESIZING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING",
@@ -133,7 +134,43 @@ def _observe_node(slurm: Slurm, attempt_dir: Path, entry: dict, active: bool) ->
     )
 
 
-def observe(slurm: Slurm, ref: dict) -> AttemptStatus:
+def _silent_since(attempt_dir: Path, node: NodeProcess, silence_s: float) -> float | None:
+    """When the node's launcher last beat, if that is over `silence_s` ago
+    and it wrote no exit record; None while it beats (or never started)."""
+    beat = read_json(attempt_dir / f"node-{node.node_rank}" / "beat.json")
+    at = beat.get("at") if beat else None
+    if at is None or time.time() - at <= silence_s:
+        return None
+    return at
+
+
+def _gone_with_launcher(attempt_dir: Path, nodes: tuple[NodeProcess, ...],
+                        silence_s: float) -> tuple[NodeProcess, ...]:
+    """Once a node's part has failed, a peer whose launcher stopped beating
+    with no exit record went with its node: its ranks and the launcher that
+    would have recorded their end are gone together, which one process's
+    death (the OOM killer's pick) never does. Slurm calls such a node DOWN
+    only after its SlurmdTimeout, and not responding some seconds before;
+    the survivors' collective fails at once, so this is known first."""
+    if not any(_failed(n) for n in nodes):
+        return nodes
+    out = []
+    for n in nodes:
+        since = _silent_since(attempt_dir, n, silence_s) if n.running else None
+        if since is not None:
+            n = replace(n, running=False, signal=n.signal or signal.SIGKILL.value,
+                        node_lost=f"{n.node}: its launcher went silent at "
+                                  f"{time.strftime('%H:%M:%S', time.gmtime(since))} UTC "
+                                  f"with no exit record, after a peer's part failed")
+        out.append(n)
+    return tuple(out)
+
+
+def _failed(n: NodeProcess) -> bool:
+    return not n.running and bool(n.signal or (n.exit_code or 0) != 0)
+
+
+def observe(slurm: Slurm, ref: dict, silence_s: float) -> AttemptStatus:
     attempt_dir = Path(ref["dir"])
     job = job_record(slurm, ref)
     state = job.get("JobState", "")
@@ -147,9 +184,11 @@ def observe(slurm: Slurm, ref: dict) -> AttemptStatus:
     if not job and not attempt_dir.is_dir():
         return AttemptStatus(state="unknown", message=f"{where}; {attempt_dir} is missing")
     nodes = tuple(_observe_node(slurm, attempt_dir, e, active) for e in ref["nodes"])
-    failed = [n for n in nodes if not n.running and (n.signal or (n.exit_code or 0) != 0)]
+    nodes = _gone_with_launcher(attempt_dir, nodes, silence_s)
+    failed = [n for n in nodes if _failed(n)]
     if failed:
-        first = failed[0]
+        # A lost node is the cause; the others' failed collectives follow it.
+        first = next((n for n in failed if n.node_lost), failed[0])
         how = f"signal {first.signal}" if first.signal else f"exit code {first.exit_code}"
         return AttemptStatus(
             state="failed", nodes=nodes,
@@ -163,14 +202,32 @@ def observe(slurm: Slurm, ref: dict) -> AttemptStatus:
     return AttemptStatus(state="succeeded", nodes=nodes, message=f"every node exited 0; {where}")
 
 
-def _wait_over(slurm: Slurm, ref: dict, timeout: float) -> bool:
+def _wait_for(slurm: Slurm, ref: dict, timeout: float, done) -> str | None:
+    """The job's state once `done(state)` holds, polled until `timeout`."""
     deadline = time.monotonic() + timeout
     while True:
-        if job_record(slurm, ref).get("JobState", "") not in ACTIVE:
-            return True
+        state = job_record(slurm, ref).get("JobState", "")
+        if done(state):
+            return state
         if time.monotonic() >= deadline:
-            return False
+            return None
         time.sleep(0.2)
+
+
+def _parts_left(ref: dict, silence_s: float) -> tuple[list[str], list[str]]:
+    """The nodes whose part has recorded no end: those still beating, and
+    those gone silent with their node."""
+    attempt_dir = Path(ref["dir"])
+    running, silent = [], []
+    for entry in ref["nodes"]:
+        node = NodeProcess(node=entry["node"], node_rank=entry["node_rank"], running=True)
+        if read_json(attempt_dir / f"node-{node.node_rank}" / "exit.json"):
+            continue
+        if _silent_since(attempt_dir, node, silence_s) is None:
+            running.append(node.node)
+        else:
+            silent.append(node.node)
+    return running, silent
 
 
 _OVER_ALREADY = ("Invalid job id", "already completing or completed", "already completed")
@@ -185,10 +242,11 @@ def scancel(slurm: Slurm, *args: str) -> None:
             raise
 
 
-def stop(slurm: Slurm, ref: dict, grace_s: float) -> None:
+def stop(slurm: Slurm, ref: dict, grace_s: float, silence_s: float) -> None:
     """SIGTERM the job's steps (the trainer checkpoints and exits 83), then
-    cancel it outright after `grace_s`: Slurm SIGKILLs what is left after
-    its KillWait. Over when slurmctld says the job is."""
+    cancel it outright after `grace_s`, or as soon as nothing but lost nodes
+    is left to end: Slurm SIGKILLs what is left after its KillWait. Over
+    when slurmctld says the job is."""
     job = job_record(slurm, ref)
     state = job.get("JobState", "")
     if state not in ACTIVE:
@@ -197,8 +255,22 @@ def stop(slurm: Slurm, ref: dict, grace_s: float) -> None:
     if state != "PENDING":
         # Steps only: the batch shell stays to see srun end and the job out.
         scancel(slurm, "--signal=TERM", job_id)
-        if _wait_over(slurm, ref, grace_s):
+        ended = _wait_for(slurm, ref, grace_s, lambda state: state not in ACTIVE
+                          or not _parts_left(ref, silence_s)[0])
+        if ended is not None and ended not in ACTIVE:
             return
     scancel(slurm, job_id)
-    if not _wait_over(slurm, ref, 60.0):
-        raise TemporaryError(f"Slurm job {job_id} still {state} after scancel", delay=5.0)
+    state = _wait_for(slurm, ref, 60.0, lambda state: state not in ACTIVE or (
+        state == "COMPLETING" and not _parts_left(ref, silence_s)[0]))
+    if state == "COMPLETING":
+        # Slurm holds a job COMPLETING until it hears from each of its nodes,
+        # so a lost node holds it (and the next attempt's start) until its
+        # SlurmdTimeout: Regatta, which knows the node went with its ranks,
+        # calls it DOWN, and Slurm ends the job at once.
+        for node in _parts_left(ref, silence_s)[1]:
+            slurm.run(["scontrol", "update", f"nodename={node}", "state=down",
+                       f"reason={REASON_PREFIX}lost: its launcher went silent with job {job_id}'s "
+                       "ranks"])
+        state = _wait_for(slurm, ref, 30.0, lambda state: state not in ACTIVE)
+    if state is None:
+        raise TemporaryError(f"Slurm job {job_id} still active after scancel", delay=5.0)

@@ -1,5 +1,5 @@
-"""The batch script of an attempt: one `srun` step, one task per node, each
-running the local provider's launcher around one torchrun.
+"""The batch script of an attempt: one `srun` step per node, each running
+the local provider's launcher around one torchrun.
 
 Slurm places the job, so which host is node 0 and which port is free there
 is known only inside the allocation: the node script fills torchrun's
@@ -24,6 +24,9 @@ NODE_RANK, MASTER_ADDR, MASTER_PORT = "@NODE_RANK@", "@MASTER_ADDR@", "@MASTER_P
 # A node that Slurm gave the job but that is none of its placements: the
 # script refuses to run there (cannot happen with --nodelist; a guard).
 NOT_PLACED_EXIT = 97
+# How often each node's launcher rewrites its beat (attempts.observe reads
+# a silent one as the node gone with its ranks).
+BEAT_EVERY_S = 1.0
 _FREE_PORT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
 
 
@@ -51,14 +54,16 @@ esac
 NODE_DIR={shlex.quote(attempt_dir)}/node-$NODE_RANK
 mkdir -p "$NODE_DIR/status"
 export REGATTA_NODE="$SLURMD_NODENAME" REGATTA_STATUS_DIR="$NODE_DIR/status"
-exec {shlex.quote(python)} {shlex.quote(launcher)} run --foreground --dir "$NODE_DIR" -- \\
+exec {shlex.quote(python)} {shlex.quote(launcher)} run --foreground \\
+  --beat-every {BEAT_EVERY_S:g} --dir "$NODE_DIR" -- \\
   {' '.join(_word(a) for a in argv)}
 """
 
 
 def batch_script(attempt_dir: str, python: str, request: LaunchRequest) -> str:
-    first = min(request.placements, key=lambda p: p.node_rank).node
-    nnodes = len(request.placements)
+    placements = sorted(request.placements, key=lambda p: p.node_rank)
+    first = placements[0].node
+    nodes = " ".join(shlex.quote(p.node) for p in placements)
     return f"""#!/bin/bash
 # Regatta attempt {request.name}: one torchrun per node (docs/slurm.md).
 set -u
@@ -69,6 +74,18 @@ MASTER_ADDR=$(scontrol show node -o {shlex.quote(first)} | grep -o 'NodeAddr=[^ 
 MASTER_PORT=$({shlex.quote(python)} -c {shlex.quote(_FREE_PORT)})
 export MASTER_ADDR MASTER_PORT
 echo "regatta: master $MASTER_ADDR:$MASTER_PORT on $SLURM_JOB_NODELIST"
-exec srun --nodes={nnodes} --ntasks-per-node=1 --kill-on-bad-exit=0 --export=ALL \\
-  bash {shlex.quote(attempt_dir)}/node.sh
+# A step per node, not one step across them: a multi-node step completes
+# through a tree of its nodes' slurmstepds, so a lost node would hold the
+# survivors' part (and the job) until a timeout; single-node steps end alone.
+pids=()
+for node in {nodes}; do
+  srun --nodes=1 --ntasks=1 --nodelist="$node" --kill-on-bad-exit=0 --export=ALL \\
+    bash {shlex.quote(attempt_dir)}/node.sh &
+  pids+=($!)
+done
+status=0
+for pid in "${{pids[@]}}"; do
+  wait "$pid" || status=$?
+done
+exit $status
 """

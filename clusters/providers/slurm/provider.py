@@ -49,6 +49,11 @@ class SlurmSettings:
     preflight_mode: str = setting("allreduce", "allreduce (a timed all-reduce across the "
                                   "chosen nodes, as a Slurm job) or state (Slurm's node "
                                   "state only)", choices=("allreduce", "state"))
+    node_silence_s: float = setting(3.0, "seconds a node's launcher may go without its beat, "
+                                    "once a peer's part failed, before the node counts as lost "
+                                    "(Slurm's own DOWN waits for SlurmdTimeout); under the "
+                                    "cluster's root_cause_grace_s, so the job's pass knows the "
+                                    "cause before it gives up waiting", minimum=2.0)
 
 
 @dataclass(frozen=True)
@@ -148,10 +153,10 @@ class SlurmProvider:
                                request, self.python)
 
     def observe(self, ref: dict) -> AttemptStatus:
-        return attempts.observe(self.slurm, ref)
+        return attempts.observe(self.slurm, ref, self.settings.node_silence_s)
 
     def stop(self, ref: dict, grace_s: float = 30.0) -> None:
-        attempts.stop(self.slurm, ref, grace_s)
+        attempts.stop(self.slurm, ref, grace_s, self.settings.node_silence_s)
 
     def preflight(self, pool: PoolInfo, placements: tuple[Placement, ...],
                   timeout_s: float = 60.0) -> PreflightResult:
