@@ -265,11 +265,14 @@ class Node(models.Model):
         return max(0.0, (now - self.preflight_passed_at).total_seconds())
 
     def transition(self, target, *, reason: str, actor: str = "reconciler", evidence=None,
-                   now=None, **fields) -> "NodeEvent | None":
+                   now=None, still_in=None, **fields) -> "NodeEvent | None":
         """Move to `target` if the current state allows it; record why.
 
         A node already in `target` is left alone (None is returned), so a
-        repeated cordon writes nothing. Anything else not allowed raises.
+        repeated cordon writes nothing. `still_in`: the states the caller
+        read the node in, when what it saw only holds there; a row another
+        pass moved out of them meanwhile is left alone too. Anything else
+        not allowed raises.
         """
         now = now or timezone.now()
         if target in self.OUT_OF_SERVICE:
@@ -288,7 +291,9 @@ class Node(models.Model):
                 reason = f"{reason}; rejoins as a spare (pool {self.pool.name} is full)"
             # Conditional on the row, not on this object: node rows are read
             # early and acted on late by several passes.
-            source = change_state(self, target, expected=None, noop_from=(target,),
+            moved_on = () if still_in is None else tuple(
+                state for state in self.State.values if state not in still_in)
+            source = change_state(self, target, expected=None, noop_from=(target, *moved_on),
                                   changed_at_field="state_changed_at", now=now,
                                   state_reason=reason[:300], **fields)
             if source is None:

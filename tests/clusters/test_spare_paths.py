@@ -114,3 +114,39 @@ def test_one_failure_leaves_the_pool_one_spare_over_nothing(db):
     assert len(watch.working()) == SIZE
     assert live.filter(is_spare=True).count() == pool.spare_count
     assert live.count() == SIZE + pool.spare_count
+
+
+def test_a_node_its_job_replaced_while_the_cluster_pass_read_it_stays_replaced(db, monkeypatch):
+    """The cluster pass reads the pool's rows as it begins; the job's pass
+    may cordon and replace a lost node before the cluster pass acts on
+    what it read (Slurm: the provider calls the node DOWN as the job's pass
+    takes it out). The node stays replaced, the pass goes on, and the
+    failure takes one spare."""
+    from clusters.reconcile import nodes as sync
+
+    cluster = memory_cluster(size=SIZE, spares=2)
+    pool = cluster.pools.get()
+    job = submit(cluster, team_with_quota(cluster))
+    now = timezone.now()
+    launch(job, now)
+    first = job.attempts.get()
+    heartbeat(first, 3, later(now, 1))
+    victim = nodes_of(first)[0]
+    watch = PoolWatch(pool)
+    lose_node(cluster, victim, first.provider_ref)
+
+    read_rows = sync._keep_provider_status
+
+    def job_pass_meanwhile(rows, reported):
+        assert rows[victim.name].state == Node.State.READY, "read before the job's pass"
+        reconcile_job_unlocked(job.id, later(now, 2))
+        read_rows(rows, reported)
+
+    monkeypatch.setattr(sync, "_keep_provider_status", job_pass_meanwhile)
+    reconcile_cluster_unlocked(cluster.id, later(now, 3))
+    watch.check("the cluster pass after the job's")
+
+    victim.refresh_from_db()
+    assert victim.state == Node.State.REPLACED
+    assert victim.failure_count == 1, "counted once, not again by the stale read"
+    assert Node.objects.filter(replaces=victim).count() == 1
