@@ -324,6 +324,12 @@ class Provider(Protocol):
         when a termination hook times out. Returns what was done ("" when
         nothing held it), or None to be asked again in a later pass."""
 
+    def hold_spares(self, pool: PoolInfo, nodes: list[str]) -> None:
+        """Keep `nodes`, the pool's ready spares (all of them: a node left
+        out is no spare any more), for Regatta alone where the platform
+        would give an idle node to others' work (a Slurm reservation).
+        Nothing to do where only Regatta places work on the pool."""
+
     def health_signals(self, pool: PoolInfo) -> list[HealthSignal]:
         """Health signals seen since the last call (XIDs, spot notices, ...)."""
 

@@ -20,7 +20,7 @@ from controlplane.lib.tasks import ADMIT_CLUSTER
 
 from .. import wake
 from ..workload import jobs_on_node
-from .nodes import account_ready_time, keep_spares, send_drain, sync_pool
+from .nodes import account_ready_time, hold_spares, keep_spares, send_drain, sync_pool
 from .promotion import fill_vacancies
 from .replacement import ask_owed_replacements, replace_node, take_out
 from .scaling import CONDITION as SCALING_CONDITION
@@ -78,6 +78,7 @@ def reconcile_cluster_unlocked(cluster_id: int, now=None) -> Result:
             # A pool that cannot grow now must not stop admission on the rest.
             log.warning("cluster %s pool %s: spares not provisioned: %s",
                         cluster.name, pool.name, exc)
+        hold_spares(pool, provider, info)
     account_ready_time(cluster, now)
     if _capacity(cluster) != capacity:
         ADMIT_CLUSTER.soon(cluster.id)

@@ -145,6 +145,20 @@ def keep_spares(pool, provider, info, now) -> None:
             row.transition(Node.State.READY, reason="provider reports it ready", now=now)
 
 
+def hold_spares(pool, provider, info) -> None:
+    """The provider keeps the pool's ready spares for Regatta alone (a Slurm
+    reservation). Read and told under the pool's lock, which every promotion
+    takes: a spare promoted meanwhile is never put back."""
+    with transaction.atomic():
+        locked = NodePool.hold(pool.pk)
+        if locked is None:
+            return
+        spares = sorted(Node.objects.filter(pool=locked, is_spare=True,
+                                            state=Node.State.READY)
+                        .values_list("name", flat=True))
+        provider.hold_spares(info, spares)
+
+
 def _free_name(pool) -> str:
     taken = set(Node.objects.filter(cluster_id=pool.cluster_id).values_list("name", flat=True))
     n = len(taken)

@@ -258,6 +258,27 @@ def test_the_preflight_all_reduces_across_the_chosen_nodes_as_a_slurm_job(provid
     assert job["JobState"] in ("COMPLETED", "COMPLETING", "CANCELLED")
 
 
+def test_a_spare_is_checked_inside_its_reservation_and_leaves_it_when_launched_on(
+        provider, slurm_world):
+    """hold_spares keeps exactly the pool's spares reserved; a spare's
+    join-time check runs in the reservation, and a launch takes its nodes
+    out of it first, so Slurm does not hold the attempt back for it."""
+    provider.hold_spares(pool(), ["n3", "n4"])
+    assert slurm_world.reservations()["regatta-lab-a-spares"]["Nodes"] == "n[3-4]"
+    provider.hold_spares(pool(), ["n3", "n4"])  # idempotent
+
+    check = provider.preflight(pool(), (Placement(node="n4", node_rank=0),), timeout_s=90)
+    assert check.ok, check.message
+    assert slurm_world.reservations()["regatta-lab-a-spares"]["Nodes"] == "n[3-4]"
+
+    ref = provider.launch(request("job-9-a1", nodes=("n1", "n4")))
+    assert slurm_world.reservations()["regatta-lab-a-spares"]["Nodes"] == "n3"
+    assert wait_done(provider, ref).state == "succeeded"
+
+    provider.hold_spares(pool(), [])
+    assert "regatta-lab-a-spares" not in slurm_world.reservations()
+
+
 def test_a_drained_node_fails_the_preflight_on_slurms_word_without_a_job(provider,
                                                                        slurm_world):
     provider.cordon(pool(), "n2")

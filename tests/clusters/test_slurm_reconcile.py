@@ -71,3 +71,30 @@ def test_a_node_whose_slurmd_dies_is_cordoned_with_slurms_evidence(slurm_world, 
     assert Node.objects.get(cluster=cluster, name="n1").provider_summary == "IDLE"
     fleet_page = admin_client.get(reverse("frontend:fleet")).content.decode()
     assert 'title="n1: ready — provider reports it ready · provider: IDLE"' in fleet_page
+
+
+def test_the_spare_is_held_in_a_reservation_that_only_regattas_jobs_use(slurm_world, tmp_path):
+    """Left in the partition, an idle spare is the next job's to take.
+    The pass keeps it in a Slurm reservation of its own; once it is
+    promoted into a lost node's place, it leaves the reservation."""
+    cluster = slurm_cluster(slurm_world, tmp_path)
+
+    held = slurm_world.reservations()["regatta-hpc-gpu-spares"]
+    assert held["Nodes"] == "n4" and held["Users"] == "root", held
+    # Somebody else's job asking for n4 by name waits: it is reserved.
+    other = slurm_world.run("sbatch", "--parsable", "-p", "gpu", "-w", "n4", "--wrap",
+                            "true").strip()
+    eventually(lambda: "ReqNodeNotAvail" in slurm_world.job(other)["Reason"], timeout=20,
+               interval=0.3, what="the other job to wait for the reserved node")
+    slurm_world.run("scancel", other)
+
+    slurm_world.lose_node("n2")
+
+    def promoted():
+        reconcile_cluster_unlocked(cluster.id, timezone.now())
+        return not Node.objects.get(cluster=cluster, name="n4").is_spare
+
+    eventually(promoted, timeout=60, interval=1.0, what="the spare to take n2's place")
+    reconcile_cluster_unlocked(cluster.id, timezone.now())
+    assert "regatta-hpc-gpu-spares" not in slurm_world.reservations(), (
+        "no spare left: no reservation")

@@ -241,6 +241,9 @@ class MemoryProvider:
                                    address="127.0.0.1", gpus=pool.gpus_per_node)
             return nodes[name]
 
+    def hold_spares(self, pool: PoolInfo, nodes: list[str]) -> None:
+        pass  # only Regatta places work on its nodes
+
     def scaling_status(self, pool: PoolInfo, since) -> ScalingStatus:
         return ScalingStatus()
 

@@ -3,8 +3,8 @@ suite's state folder on free loopback ports.
 
 `slurm` starts munged, slurmctld and six slurmds: n1-n4 in partition `gpu`,
 n5-n6 in partition `spare`, two fake GPUs each. `slurm_world` hands a test
-the session's Slurm with every node up and resumed, and no job left, after
-it, whatever the test did to them.
+the session's Slurm with every node up and resumed, and no job or
+reservation left, after it, whatever the test did to them.
 
 Loaded as a plugin (pyproject's addopts). Where Slurm's packages are missing
 (or the suite is not root), the tests that use it are left out with one line
@@ -58,9 +58,19 @@ class SlurmWorld:
     def job_processes(self, job_id: str) -> list[int]:
         return self.cluster.job_processes(str(job_id))
 
+    def reservations(self) -> dict[str, dict]:
+        from clusters.providers.slurm.commands import record
+
+        out = self.run("scontrol", "show", "reservation", "-o")
+        found = [record(line) for line in out.splitlines() if line.startswith("ReservationName=")]
+        return {r["ReservationName"]: r for r in found}
+
     def restore(self) -> None:
-        """Every node back (slurmd running, resumed) and no job left."""
+        """Every node back (slurmd running, resumed), no job and no
+        reservation left."""
         self.cluster.cancel_jobs()
+        for name in self.reservations():
+            self.run("scontrol", "delete", f"ReservationName={name}")
         running = self.cluster.running()
         for node in self.cluster.layout().nodes:
             if f"slurmd-{node.name}" not in running:

@@ -274,6 +274,11 @@ class KubernetesProvider:
             self._ask_capacity(pool, f"replaces/{node}", avoid=(node,))
         return new
 
+    def hold_spares(self, pool: PoolInfo, nodes: list[str]) -> None:
+        # Not held here yet: the scheduler may place other pods that
+        # tolerate the GPU taint on an idle spare.
+        return None
+
     def scaling_status(self, pool: PoolInfo, since) -> ScalingStatus:
         """The Auto Scaling group's account of the asks (aws.py); Karpenter's
         capacity pods wait in their own pending state instead."""

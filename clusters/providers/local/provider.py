@@ -130,6 +130,9 @@ class LocalProvider:
         faults.kill_node(self.root, node)
         return self._info(pool, new)
 
+    def hold_spares(self, pool: PoolInfo, nodes: list[str]) -> None:
+        pass  # only Regatta places work on its nodes
+
     def scaling_status(self, pool: PoolInfo, since) -> ScalingStatus:
         return ScalingStatus()  # a logical node is there as soon as it is asked for
 

@@ -39,7 +39,7 @@ def comment(cluster: str) -> str:
 
 
 def launch(slurm: Slurm, shared: Path, cluster: str, partition: str, feature: str,
-           request: LaunchRequest, python: str) -> dict:
+           request: LaunchRequest, python: str, reservation: str = "") -> dict:
     if not request.placements:
         raise PermanentError(f"attempt {request.name}: no placements")
     attempt_dir = shared / request.name
@@ -53,7 +53,8 @@ def launch(slurm: Slurm, shared: Path, cluster: str, partition: str, feature: st
         if len(found) >= 2 and found[1] == comment(cluster):
             job_id = found[0]
         else:
-            job_id = _submit(slurm, attempt_dir, cluster, partition, feature, request, python)
+            job_id = _submit(slurm, attempt_dir, cluster, partition, feature, request, python,
+                             reservation)
         ref = {"job_id": job_id, "dir": str(attempt_dir), "name": request.name,
                "nodes": [{"node": p.node, "node_rank": p.node_rank}
                          for p in sorted(request.placements, key=lambda p: p.node_rank)]}
@@ -62,7 +63,7 @@ def launch(slurm: Slurm, shared: Path, cluster: str, partition: str, feature: st
 
 
 def _submit(slurm: Slurm, attempt_dir: Path, cluster: str, partition: str, feature: str,
-            request: LaunchRequest, python: str) -> str:
+            request: LaunchRequest, python: str, reservation: str) -> str:
     if attempt_dir.exists():
         shutil.rmtree(attempt_dir)  # a launch that died before sbatch: start over
     attempt_dir.mkdir(parents=True)
@@ -90,6 +91,8 @@ def _submit(slurm: Slurm, attempt_dir: Path, cluster: str, partition: str, featu
         argv.append(f"--gpus-per-node={request.pool.gpus_per_node}")
     if feature:
         argv.append(f"--constraint={feature}")
+    if reservation:
+        argv.append(f"--reservation={reservation}")
     out = slurm.run([*argv, str(script)], env=env)
     job_id = out.strip().split(";")[0]
     if not job_id.isdigit():
@@ -254,7 +257,12 @@ def stop(slurm: Slurm, ref: dict, grace_s: float, silence_s: float) -> None:
     job_id = str(ref["job_id"])
     if state != "PENDING":
         # Steps only: the batch shell stays to see srun end and the job out.
-        scancel(slurm, "--signal=TERM", job_id)
+        try:
+            scancel(slurm, "--signal=TERM", job_id)
+        except SlurmCommandError:
+            # Steps ending meanwhile leave nothing to signal (22.05 exits
+            # non-zero, saying nothing): the cancel below ends what is left.
+            pass
         ended = _wait_for(slurm, ref, grace_s, lambda state: state not in ACTIVE
                           or not _parts_left(ref, silence_s)[0])
         if ended is not None and ended not in ACTIVE:

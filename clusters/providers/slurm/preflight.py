@@ -26,7 +26,7 @@ from .commands import Slurm
 
 def run(slurm: Slurm, shared: Path, cluster: str, partition: str, feature: str,
         pool: PoolInfo, placements: tuple[Placement, ...], timeout_s: float,
-        python: str) -> PreflightResult:
+        python: str, reservation: str = "") -> PreflightResult:
     started = time.monotonic()
     ordered = sorted(placements, key=lambda p: p.node_rank)
     names = [p.node for p in ordered]
@@ -39,7 +39,8 @@ def run(slurm: Slurm, shared: Path, cluster: str, partition: str, feature: str,
              "REGATTA_PREFLIGHT_ITERS": str(ITERS),
              "REGATTA_PREFLIGHT_TIMEOUT_S": str(max(1.0, min(COLLECTIVE_TIMEOUT_S,
                                                              timeout_s)))})
-    ref = attempts.launch(slurm, shared, cluster, partition, feature, request, python)
+    ref = attempts.launch(slurm, shared, cluster, partition, feature, request, python,
+                          reservation)
     state = ""
     try:
         deadline = started + timeout_s

@@ -10,6 +10,8 @@ draining it with a reason that says why.
 
 from __future__ import annotations
 
+import os
+import pwd
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +32,7 @@ from ..base import (
     ScalingStatus,
     preflight_evidence,
 )
-from . import attempts, preflight
+from . import attempts, preflight, reservation
 from .commands import Slurm
 from .nodes import REASON_PREFIX, in_pool, lost_signal, node_info, state_words
 
@@ -49,6 +51,10 @@ class SlurmSettings:
     preflight_mode: str = setting("allreduce", "allreduce (a timed all-reduce across the "
                                   "chosen nodes, as a Slurm job) or state (Slurm's node "
                                   "state only)", choices=("allreduce", "state"))
+    reserve_spares: bool = setting(True, "keep each pool's spares in a Slurm reservation of "
+                                   "their own (regatta-<cluster>-<pool>-spares) so that other "
+                                   "users' jobs cannot take them; the launch user must be a "
+                                   "Slurm operator")
     node_silence_s: float = setting(3.0, "seconds a node's launcher may go without its beat, "
                                     "once a peer's part failed, before the node counts as lost "
                                     "(Slurm's own DOWN waits for SlurmdTimeout); under the "
@@ -74,6 +80,7 @@ class SlurmProvider:
         base = settings.shared_dir or Path(django_settings.STATE_DIR) / "slurm-attempts" / cluster
         self.shared = Path(base).resolve()
         self.python = settings.python or sys.executable
+        self.user = pwd.getpwuid(os.getuid()).pw_name  # whom jobs and reservations run as
 
     @classmethod
     def for_cluster(cls, name: str, settings: SlurmSettings) -> SlurmProvider:
@@ -149,6 +156,7 @@ class SlurmProvider:
     # --- attempts ---------------------------------------------------------
     def launch(self, request: LaunchRequest) -> dict:
         partition, feature = self._where(request.pool)
+        self._unreserve(request.pool, [p.node for p in request.placements])
         return attempts.launch(self.slurm, self.shared, self.cluster, partition, feature,
                                request, self.python)
 
@@ -168,7 +176,8 @@ class SlurmProvider:
             return state
         partition, feature = self._where(pool)
         return preflight.run(self.slurm, self.shared, self.cluster, partition, feature, pool,
-                             placements, timeout_s, self.python)
+                             placements, timeout_s, self.python,
+                             self._spares_checked_in(pool, [p.node for p in placements]))
 
     def _state_check(self, pool: PoolInfo, placements: tuple[Placement, ...]
                      ) -> PreflightResult:
@@ -188,6 +197,37 @@ class SlurmProvider:
             evidence=preflight_evidence(per_node, seconds=0.0, method="slurm-state"),
             message=f"Slurm state check failed on {', '.join(failed)}" if failed
             else f"{len(placements)} nodes up and not drained in Slurm")
+
+    # --- spares ------------------------------------------------------------
+    def _reservation(self, pool: PoolInfo) -> str:
+        return reservation.name_for(self.cluster, pool.name) if self.settings.reserve_spares \
+            else ""
+
+    def hold_spares(self, pool: PoolInfo, nodes: list[str]) -> None:
+        """Keep exactly `nodes`, the pool's spares, in its reservation."""
+        name = self._reservation(pool)
+        if name:
+            reservation.hold(self.slurm, name, nodes, self.user)
+
+    def _unreserve(self, pool: PoolInfo, nodes: list[str]) -> None:
+        """Nodes an attempt runs on are no spares: out of the reservation
+        first, or Slurm would hold the attempt back for it."""
+        name = self._reservation(pool)
+        if name:
+            reservation.release(self.slurm, name, nodes, self.user)
+
+    def _spares_checked_in(self, pool: PoolInfo, nodes: list[str]) -> str:
+        """The reservation a preflight of `nodes` runs in: the spares'
+        own when it checks reserved spares alone (a spare's join-time
+        check), none when it checks a gang about to launch (its nodes
+        leave the reservation, as the launch's would)."""
+        name = self._reservation(pool)
+        if not name:
+            return ""
+        if set(nodes) <= (reservation.reserved(self.slurm, name) or set()):
+            return name
+        self._unreserve(pool, nodes)
+        return ""
 
     # --- health -------------------------------------------------------------
     def health_signals(self, pool: PoolInfo) -> list[HealthSignal]:
