@@ -54,7 +54,10 @@ def test_the_job_gets_an_interval_in_steps_from_its_measurements(db):
     assert inputs["cost_s"] == 2.0
     assert inputs["mtbf_s"] == pytest.approx(mtbf, rel=1e-2)
     assert inputs["step_time_s"] == 0.5
-    expected_s = math.sqrt(2 * 2.0 * mtbf)
+    # A DDP job of the trainer, no failure yet: the prior's one rollback in
+    # two failures (the other handed over by the survivors).
+    assert inputs["rollback_share"] == 0.5
+    expected_s = math.sqrt(2 * 2.0 * mtbf / 0.5)
     assert inputs["interval_s"] == pytest.approx(expected_s, rel=1e-2)
     assert job.checkpoint_interval_steps == pytest.approx(expected_s / 0.5, rel=1e-2)
     assert attempt.directives()["checkpoint_interval_steps"] == job.checkpoint_interval_steps
@@ -67,3 +70,52 @@ def test_a_fixed_policy_is_left_alone(db):
     assert ci.refresh(job) is False
     job.refresh_from_db()
     assert job.checkpoint_interval_steps is None and job.effective_checkpoint_every == 7
+
+
+def _attempts(job, *rows):
+    """Attempts 1.. with (failure class, last step reported, resumed from)."""
+    from jobs.models import JobAttempt
+
+    for number, (failure, last_step, resumed) in enumerate(rows, start=1):
+        JobAttempt.objects.create(job=job, number=number, state="failed" if failure else "running",
+                                  failure_class=failure or "", last_step=last_step,
+                                  resume_step=resumed)
+
+
+def test_failures_the_survivors_handed_over_lengthen_the_interval(db):
+    """A resume at most one step behind the last reported step was a
+    hand-over: the checkpoints insure only against the rest."""
+    cluster = memory_cluster()
+    job = submit(cluster, team_with_quota(cluster), checkpoint_policy="auto")
+    assert ci.rollback_share(job) == 0.5, "the prior: one rollback, one hand-over"
+
+    _attempts(job, ("hardware", 120, None), ("process", 300, 120), ("transient", 305, 299),
+              ("preempted", 400, 305), (None, 410, 400))
+    # Three hand-overs (120 -> 120, 300 -> 299, 305 -> 305) beside the
+    # prior's one of each; the preemption is not counted.
+    assert ci.rollback_share(job) == pytest.approx(1 / 5)
+
+    mtbf = ci.node_mtbf_s(cluster.id) / job.num_nodes
+    assert ci.compute(job)["interval_s"] == pytest.approx(
+        math.sqrt(2 * ci.DEFAULT_COST_S * mtbf * 5), rel=1e-2)
+
+
+def test_failures_that_rolled_back_bring_the_interval_back(db):
+    cluster = memory_cluster()
+    job = submit(cluster, team_with_quota(cluster), checkpoint_policy="auto")
+    _attempts(job, ("hang", 120, None), ("hardware", 300, 100), (None, 305, 250))
+    # Both lost more than a step: three rollbacks (one the prior's) in four.
+    assert ci.rollback_share(job) == pytest.approx(3 / 4)
+
+
+def test_a_job_that_cannot_hand_over_starts_at_every_failure_rolling_back(db):
+    cluster = memory_cluster()
+    team = team_with_quota(cluster)
+    fsdp = submit(cluster, team, checkpoint_policy="auto", strategy="fsdp")
+    own = submit(cluster, team, checkpoint_policy="auto", entrypoint=["train.py"])
+    assert ci.rollback_share(fsdp) == 1.0
+    assert ci.rollback_share(own) == 1.0
+    # A program of the team's own that hands over (the SDK's checkpointer)
+    # earns the longer interval from its restarts.
+    _attempts(own, ("hardware", 50, None), ("hardware", 90, 50), (None, 95, 90))
+    assert ci.rollback_share(own) == pytest.approx(1 / 3)
