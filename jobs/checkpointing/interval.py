@@ -30,6 +30,7 @@ with the job's measured step time.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 
@@ -76,7 +77,7 @@ def rollback_share(job) -> float:
     rolled, handed = 1.0, 1.0 if can_hand_over else 0.0
     attempts = list(JobAttempt.objects.filter(job=job).order_by("number").values_list(
         "failure_class", "last_step", "resume_step"))
-    for (failure, last_step, _), (_, _, resumed) in zip(attempts, attempts[1:]):
+    for (failure, last_step, _), (_, _, resumed) in itertools.pairwise(attempts):
         if failure not in _RESUMED_FAILURES:
             continue
         if (last_step or 0) - (resumed or 0) <= 1:
