@@ -38,9 +38,14 @@ run: demo
 # The suite keeps its own state folder (SQLite test database, embedded
 # redis-server and its socket), so it never shares one with a running
 # `make run`. Set REGATTA_STATE_DIR to put it elsewhere (.ci/run does).
+# TEST_WORKERS=N runs the whole suite on N pytest-xdist workers, a test file
+# to a worker and the real clusters' tests each on one (tests/support/
+# xdist_workers.py); 1, the default, runs it in this process.
+TEST_WORKERS ?= 1
 test: export REGATTA_STATE_DIR ?= $(CURDIR)/.regatta/test
 test: install kube-build-if-go
-	$(PY) -m pytest --durations=25 $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) \
+	  --durations=25 $(PYTEST_ARGS)
 
 # The inner loop: the tests not marked slow (no torchrun ranks, browser,
 # end-to-end fleet, fuzzing or other processes started), on one pytest-xdist
