@@ -18,6 +18,7 @@ from tests.fleet_helpers import (
     memory_cluster,
     nodes_of,
     provider_of,
+    running_job,
     submit,
     team_with_quota,
 )
@@ -125,14 +126,10 @@ def test_a_node_its_job_replaced_while_the_cluster_pass_read_it_stays_replaced(d
     from clusters.reconcile import nodes as sync
 
     cluster = memory_cluster(size=SIZE, spares=2)
-    pool = cluster.pools.get()
-    job = submit(cluster, team_with_quota(cluster))
     now = timezone.now()
-    launch(job, now)
-    first = job.attempts.get()
-    heartbeat(first, 3, later(now, 1))
+    job, first = running_job(cluster, team_with_quota(cluster), now)
     victim = nodes_of(first)[0]
-    watch = PoolWatch(pool)
+    watch = PoolWatch(cluster.pools.get())
     lose_node(cluster, victim, first.provider_ref)
 
     read_rows = sync._keep_provider_status
