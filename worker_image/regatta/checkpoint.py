@@ -164,7 +164,10 @@ class Checkpointer:
         target = self.step_dir(step)
         # A folder left at this step by an earlier attempt (or a failed save)
         # is stale: clear it before any rank writes, so no old file is
-        # mistaken for a new one.
+        # mistaken for a new one; but only once every rank is past its reads
+        # of it: a run resumed at its last step saves that same step as it
+        # starts, and a peer still loading it would find it gone.
+        dist.barrier(group=self.d.ckpt_group)
         if self.d.rank == 0 and step in self.storage.list_steps():
             self.storage.delete_step(step)
         if self.storage.local_dir(step) is None:
