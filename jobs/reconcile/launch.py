@@ -296,32 +296,36 @@ def _launch(ctx: Ctx, attempt: JobAttempt) -> None:
     # the token above is theirs too, so their reports are accepted.
     ref = ctx.provider.launch(request)
     signals.launch_point.send(TrainingJob, point="launched", job_id=job.id)
-    attempt.launched(ctx.now, provider_ref=ref, resumed_from=checkpoint,
-                     resume_step=checkpoint.step if checkpoint else None)
-    if by_person:
-        # restart_from_step is spec and stays; this note says it was honoured,
-        # and where the new branch starts.
-        branch = checkpoint.step if checkpoint else 0
-        ctx.set_condition("RestartFromStep", generation=job.generation,
-                          step=job.restart_from_step, attempt=attempt.number,
-                          branch_step=branch)
-        abandon_branch(job, branch, attempt.number, ctx.now)
-    ctx.clear_condition("RestartBackoff")
-    nodes = [p.node for p in placements]
-    # Recorded again at the launch: a preflight swap may have moved a rank.
-    placed = placement.describe([p.node for p in attempt.placements.select_related("node")],
-                                ctx.pool.topology_label)
-    JobAttempt.objects.filter(pk=attempt.pk).update(placement=placed)
-    job.transition(
-        Phase.STARTING, reason="Launched", attempt=attempt, now=ctx.now,
-        message=f"attempt {attempt.number} on {', '.join(nodes)}",
-        evidence={"attempt": attempt.number, "nodes": nodes, "placement": placed,
-                  "resume_step": checkpoint.step if checkpoint else None},
-        pending_reason="",
-        started_at=job.started_at or ctx.now,
-    )
-    if checkpoint is not None:
-        _record_resume(ctx, attempt, checkpoint, by_person)
+    # What the launch means, written at once: no reader (the job page, a
+    # test, the next pass) sees the attempt started without the job's
+    # Launched, or the resume it started from.
+    with transaction.atomic():
+        attempt.launched(ctx.now, provider_ref=ref, resumed_from=checkpoint,
+                         resume_step=checkpoint.step if checkpoint else None)
+        if by_person:
+            # restart_from_step is spec and stays; this note says it was honoured,
+            # and where the new branch starts.
+            branch = checkpoint.step if checkpoint else 0
+            ctx.set_condition("RestartFromStep", generation=job.generation,
+                              step=job.restart_from_step, attempt=attempt.number,
+                              branch_step=branch)
+            abandon_branch(job, branch, attempt.number, ctx.now)
+        ctx.clear_condition("RestartBackoff")
+        nodes = [p.node for p in placements]
+        # Recorded again at the launch: a preflight swap may have moved a rank.
+        placed = placement.describe([p.node for p in attempt.placements.select_related("node")],
+                                    ctx.pool.topology_label)
+        JobAttempt.objects.filter(pk=attempt.pk).update(placement=placed)
+        job.transition(
+            Phase.STARTING, reason="Launched", attempt=attempt, now=ctx.now,
+            message=f"attempt {attempt.number} on {', '.join(nodes)}",
+            evidence={"attempt": attempt.number, "nodes": nodes, "placement": placed,
+                      "resume_step": checkpoint.step if checkpoint else None},
+            pending_reason="",
+            started_at=job.started_at or ctx.now,
+        )
+        if checkpoint is not None:
+            _record_resume(ctx, attempt, checkpoint, by_person)
 
 
 def _command(job: TrainingJob) -> tuple[str, ...]:
