@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from django.db import transaction
 from django.db.models import F, Q
 
@@ -10,6 +12,8 @@ from controlplane.lib.bulk import insert_rows
 from controlplane.lib.transitions import event_time
 
 from .scaling import check_backoff, note_asked
+
+log = logging.getLogger(__name__)
 
 
 def sync_pool(pool, provider, info, now) -> None:
@@ -156,7 +160,15 @@ def hold_spares(pool, provider, info) -> None:
         spares = sorted(Node.objects.filter(pool=locked, is_spare=True,
                                             state=Node.State.READY)
                         .values_list("name", flat=True))
-        provider.hold_spares(info, spares)
+        try:
+            provider.hold_spares(info, spares)
+        except Exception as exc:
+            # Keeping spares from others' work protects them; it is not what
+            # the pass is for, and they are Regatta's spares either way (an
+            # operator's maintenance reservation on one, say): said, and
+            # tried again by the next pass.
+            log.warning("cluster %s pool %s: spares not held: %s", pool.cluster_id, pool.name,
+                        exc)
 
 
 def _free_name(pool) -> str:

@@ -98,3 +98,18 @@ def test_the_spare_is_held_in_a_reservation_that_only_regattas_jobs_use(slurm_wo
     reconcile_cluster_unlocked(cluster.id, timezone.now())
     assert "regatta-hpc-gpu-spares" not in slurm_world.reservations(), (
         "no spare left: no reservation")
+
+
+def test_a_spare_slurm_will_not_reserve_for_regatta_stays_a_spare_and_the_pass_goes_on(
+        slurm_world, tmp_path):
+    """An operator's maintenance reservation on the spare: Slurm refuses a
+    second one over it. The pass says so and goes on; the node is still
+    Regatta's spare."""
+    slurm_world.run("scontrol", "create", "reservation", "ReservationName=maint",
+                    "StartTime=now", "Duration=60", "Users=root", "Nodes=n4")
+    cluster = slurm_cluster(slurm_world, tmp_path)
+
+    cluster.refresh_from_db()
+    assert cluster.last_error == ""
+    assert Node.objects.get(cluster=cluster, name="n4").is_spare
+    assert set(slurm_world.reservations()) == {"maint"}
