@@ -137,10 +137,10 @@ def _observe_node(slurm: Slurm, attempt_dir: Path, entry: dict, active: bool) ->
     )
 
 
-def _silent_since(attempt_dir: Path, node: NodeProcess, silence_s: float) -> float | None:
-    """When the node's launcher last beat, if that is over `silence_s` ago
-    and it wrote no exit record; None while it beats (or never started)."""
-    beat = read_json(attempt_dir / f"node-{node.node_rank}" / "beat.json")
+def _silent_since(attempt_dir: Path, node_rank: int, silence_s: float) -> float | None:
+    """When the node's launcher last beat, if that is over `silence_s` ago;
+    None while it beats (or never started)."""
+    beat = read_json(attempt_dir / f"node-{node_rank}" / "beat.json")
     at = beat.get("at") if beat else None
     if at is None or time.time() - at <= silence_s:
         return None
@@ -159,7 +159,7 @@ def _gone_with_launcher(attempt_dir: Path, nodes: tuple[NodeProcess, ...],
         return nodes
     out = []
     for n in nodes:
-        since = _silent_since(attempt_dir, n, silence_s) if n.running else None
+        since = _silent_since(attempt_dir, n.node_rank, silence_s) if n.running else None
         if since is not None:
             n = replace(n, running=False, signal=n.signal or signal.SIGKILL.value,
                         node_lost=f"{n.node}: its launcher went silent at "
@@ -223,13 +223,10 @@ def _parts_left(ref: dict, silence_s: float) -> tuple[list[str], list[str]]:
     attempt_dir = Path(ref["dir"])
     running, silent = [], []
     for entry in ref["nodes"]:
-        node = NodeProcess(node=entry["node"], node_rank=entry["node_rank"], running=True)
-        if read_json(attempt_dir / f"node-{node.node_rank}" / "exit.json"):
+        if read_json(attempt_dir / f"node-{entry['node_rank']}" / "exit.json"):
             continue
-        if _silent_since(attempt_dir, node, silence_s) is None:
-            running.append(node.node)
-        else:
-            silent.append(node.node)
+        silent_since = _silent_since(attempt_dir, entry["node_rank"], silence_s)
+        (running if silent_since is None else silent).append(entry["node"])
     return running, silent
 
 
