@@ -266,6 +266,10 @@ def test_a_spare_is_checked_inside_its_reservation_and_leaves_it_when_launched_o
     provider.hold_spares(pool(), ["n3", "n4"])
     assert slurm_world.reservations()["regatta-lab-a-spares"]["Nodes"] == "n[3-4]"
     provider.hold_spares(pool(), ["n3", "n4"])  # idempotent
+    # Slurm flags a reserved node once the reservation is active: the
+    # spare's own reservation is no reason against it.
+    eventually(lambda: "RESERVED" in slurm_world.node("n4")["State"], timeout=60,
+               what="n4 flagged RESERVED")
 
     check = provider.preflight(pool(), (Placement(node="n4", node_rank=0),), timeout_s=90)
     assert check.ok, check.message

@@ -34,7 +34,7 @@ from ..base import (
 )
 from . import attempts, preflight, reservation
 from .commands import Slurm
-from .nodes import REASON_PREFIX, in_pool, lost_signal, node_info, state_words
+from .nodes import REASON_PREFIX, UNSCHEDULABLE, in_pool, lost_signal, node_info, state_words
 
 
 @dataclass(frozen=True)
@@ -183,9 +183,19 @@ class SlurmProvider:
                      ) -> PreflightResult:
         records = {r["NodeName"]: r for r in self._records(pool)}
         per_node, failed = {}, []
+        ours = None
         for p in placements:
             info = node_info(records[p.node], pool.name) if p.node in records else None
             ok = info is not None and info.ready and not info.unschedulable
+            if info is not None and info.ready and state_words(
+                    info.conditions["State"]) & UNSCHEDULABLE == {"RESERVED"}:
+                # Slurm flags a node RESERVED once a reservation holding it
+                # is active: the pool's own spare reservation is no reason
+                # against a spare (another's reservation is).
+                if ours is None:
+                    name = self._reservation(pool)
+                    ours = (reservation.reserved(self.slurm, name) or set()) if name else set()
+                ok = p.node in ours
             per_node[p.node] = {"ok": ok} if ok else {
                 "ok": False, "check": "slurm-state",
                 "error": f"Slurm state {info.conditions['State']}: {info.conditions['Reason']}"
