@@ -28,6 +28,19 @@ memory.register()
 
 
 @pytest.fixture(scope="session", autouse=True)
+def no_fleet_process_outlives_the_run(tmp_path_factory):
+    """A net under the fixtures that stop what a test started: any local-fleet
+    process of this run (a node's warm standby waits for a launch forever)
+    dies when the run ends."""
+    base = str(tmp_path_factory.getbasetemp().resolve())
+    yield
+    from clusters.providers.local import procs
+
+    left = [p for p in procs.scan() if p.env.get(procs.FLEET_TAG, "").startswith(base)]
+    procs.kill_hard(left)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def broker():
     """A real Redis for the whole run: the embedded one in the state folder
     (`make test` gives the suite its own) unless REDIS_URL is set. The run

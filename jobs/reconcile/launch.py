@@ -316,11 +316,18 @@ def _launch(ctx: Ctx, attempt: JobAttempt) -> None:
         placed = placement.describe([p.node for p in attempt.placements.select_related("node")],
                                     ctx.pool.topology_label)
         JobAttempt.objects.filter(pk=attempt.pk).update(placement=placed)
+        # A provider that started a node from a warm standby says so in its
+        # reference (`nodes[].warm`, the local provider): shown, so a quick or
+        # a slow start-up on the timeline has its reason beside it.
+        warm = sorted(n["node"] for n in ref.get("nodes") or ()
+                      if isinstance(n, dict) and n.get("warm"))
         job.transition(
             Phase.STARTING, reason="Launched", attempt=attempt, now=ctx.now,
-            message=f"attempt {attempt.number} on {', '.join(nodes)}",
+            message=f"attempt {attempt.number} on {', '.join(nodes)}"
+                    + (f" (warm standby on {len(warm)} of {len(nodes)})" if warm else ""),
             evidence={"attempt": attempt.number, "nodes": nodes, "placement": placed,
-                      "resume_step": checkpoint.step if checkpoint else None},
+                      "resume_step": checkpoint.step if checkpoint else None,
+                      "warm_nodes": warm},
             pending_reason="",
             started_at=job.started_at or ctx.now,
         )

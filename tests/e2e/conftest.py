@@ -112,6 +112,8 @@ class Fleet:
                 get_provider(attempt.job.cluster).stop(attempt.provider_ref, grace_s=1.0)
             except Exception:  # best effort: a leftover rank must not outlive the test
                 pass
+        for cluster in Cluster.objects.filter(provider=Cluster.Provider.LOCAL):
+            get_provider(cluster).stop_standbys()
 
 
 @pytest.fixture

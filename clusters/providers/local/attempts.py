@@ -19,13 +19,16 @@ from pathlib import Path
 from controlplane.lib.errors import PermanentError, TemporaryError
 
 from ..base import AttemptStatus, LaunchRequest, NodeProcess
-from . import procs
+from . import procs, standby
 from .base_paths import LAUNCHER
 from .book import file_lock, read_json, write_json
 from .environment import rank_environment
 
 LOG_TAIL_LINES = 40
 _LAUNCHER_START_S = 15.0
+# A node's next standby starts this long after a launch, once the gang's own
+# start-up (the same imports) no longer competes with it for the CPUs.
+STANDBY_AFTER_LAUNCH_S = 5.0
 
 
 def free_port() -> int:
@@ -76,7 +79,8 @@ def _wait_for(path: Path, timeout: float) -> dict:
     raise TemporaryError(f"launcher did not start: no {path}", delay=5.0)
 
 
-def launch(fleet: Path, request: LaunchRequest, python: str = sys.executable) -> dict:
+def launch(fleet: Path, request: LaunchRequest, python: str = sys.executable,
+           standbys: bool = False) -> dict:
     if not request.placements:
         raise PermanentError(f"attempt {request.name}: no placements")
     attempt_dir = fleet / "attempts" / request.name
@@ -87,10 +91,23 @@ def launch(fleet: Path, request: LaunchRequest, python: str = sys.executable) ->
         # A launch that died half-way (no ref.json) is started over, cleanly.
         _discard(attempt_dir)
         try:
-            return _start(fleet, attempt_dir, request, python)
+            ref = _start(fleet, attempt_dir, request, python, standbys)
         except BaseException:
             _discard(attempt_dir)
             raise
+    if standbys:
+        # For the next launch on these nodes: a survivor of the next failure
+        # restarts warm as the promoted spare does.
+        env = standby_environment()
+        for entry in ref["nodes"]:
+            standby.ensure(fleet, entry["node"], python, env, delay_s=STANDBY_AFTER_LAUNCH_S)
+    return ref
+
+
+def standby_environment() -> dict:
+    """A standby's birth environment: what every rank of the node gets
+    before its launch's own variables (which the launch hands over)."""
+    return {**rank_environment({}), "OMP_NUM_THREADS": "1"}
 
 
 def _discard(attempt_dir: Path) -> None:
@@ -102,7 +119,8 @@ def _discard(attempt_dir: Path) -> None:
             stale.unlink(missing_ok=True)
 
 
-def _start(fleet: Path, attempt_dir: Path, request: LaunchRequest, python: str) -> dict:
+def _start(fleet: Path, attempt_dir: Path, request: LaunchRequest, python: str,
+           standbys: bool) -> dict:
     port = free_port()
     nnodes = len(request.placements)
     base_env = rank_environment(request.env)
@@ -125,12 +143,14 @@ def _start(fleet: Path, attempt_dir: Path, request: LaunchRequest, python: str) 
         write_json(node_dir / "placement.json", {
             "node": placement.node, "node_rank": placement.node_rank, "argv": argv,
         })
-        spawn_launcher(python, node_dir, argv, env)
+        warm = standbys and standby.hand_over(fleet, placement.node, node_dir, argv, env, python)
+        if not warm:
+            spawn_launcher(python, node_dir, argv, env)
     for placement in sorted(request.placements, key=lambda p: p.node_rank):
         info = _wait_for(attempt_dir / f"node-{placement.node_rank}" / "launcher.json",
                          _LAUNCHER_START_S)
         nodes.append({"node": placement.node, "node_rank": placement.node_rank,
-                      "pid": info["pid"], "pgid": info["pgid"]})
+                      "pid": info["pid"], "pgid": info["pgid"], "warm": bool(info.get("warm"))})
     ref = {"dir": str(attempt_dir), "nodes": nodes, "master_port": port}
     write_json(attempt_dir / "ref.json", ref)
     return ref

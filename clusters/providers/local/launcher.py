@@ -80,19 +80,46 @@ def run(node_dir: Path, argv: list[str], foreground: bool = False,
         beat_every: float | None = None) -> int:
     if not foreground and os.fork():
         os._exit(0)  # the launching process returns at once; we go on alone
-    # The provider signals the whole session on stop; the launcher outlives
-    # torchrun on purpose, to write down how it ended.
-    signal.signal(signal.SIGTERM, lambda *_: None)
-    signal.signal(signal.SIGINT, lambda *_: None)
-    log = node_dir / "stdout.log"
-    with open(log, "ab") as out:
+    ignore_stop_signals()
+    with open(node_dir / "stdout.log", "ab") as out:
         child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                  stderr=subprocess.STDOUT, cwd=node_dir)
+    return supervise(node_dir, child, beat_every)
+
+
+def ignore_stop_signals() -> None:
+    """The provider signals the whole session on stop; the launcher outlives
+    torchrun on purpose, to write down how it ended."""
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    signal.signal(signal.SIGINT, lambda *_: None)
+
+
+class Forked:
+    """A child this process forked, waited on the way `Popen.wait` waits
+    (a negative return code: the signal that ended it)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                return os.waitstatus_to_exitcode(status)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.05)
+
+
+def supervise(node_dir: Path, child, beat_every: float | None = None, **about) -> int:
+    """Record the launcher and its torchrun (`child`: a Popen or `Forked`),
+    beat while it runs, and write how it ended to `exit.json`."""
     me = os.getpid()
     write_json(node_dir / "launcher.json", {
         "pid": me, "pgid": os.getpgid(0), "starttime": procs.starttime(me),
         "torchrun_pid": child.pid, "torchrun_starttime": procs.starttime(child.pid),
-        "started_at": time.time(),
+        "started_at": time.time(), **about,
     })
     while True:
         if beat_every:
@@ -102,7 +129,7 @@ def run(node_dir: Path, argv: list[str], foreground: bool = False,
             break
         except (InterruptedError, subprocess.TimeoutExpired):
             continue
-    result = outcome(returncode, log)
+    result = outcome(returncode, node_dir / "stdout.log")
     result["ended_at"] = time.time()
     write_json(node_dir / "exit.json", result)
     if result["signal"]:

@@ -6,11 +6,18 @@ children inherit them. torchrun puts each rank in a session of its own and a
 killed torchrun leaves its ranks to init, so neither process groups nor the
 parent tree find every rank; the tags do, from any process, after any restart.
 
+A node's warm standby (standby.py) is born before it knows its attempt or
+its ranks, and /proc/<pid>/environ shows only the environment a process was
+born with. So a process born with the fleet's tag may add tags later
+(`tag_self`): a file `<fleet>/tags/<pid>.json`, read with its start time so
+that a reused pid never inherits them.
+
 Standard library only: `launcher.py` imports this module as a plain script.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -20,6 +27,7 @@ FLEET_TAG = "REGATTA_LOCAL_FLEET"
 ATTEMPT_TAG = "REGATTA_LOCAL_ATTEMPT_DIR"
 NODE_TAG = "REGATTA_NODE"
 _WANTED = (FLEET_TAG, ATTEMPT_TAG, NODE_TAG, "RANK", "LOCAL_RANK")
+TAGS_DIR = "tags"
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,66 @@ def _environ(pid: int) -> dict:
     return env
 
 
+def _tags_file(fleet: str, pid: int) -> str:
+    return os.path.join(fleet, TAGS_DIR, f"{pid}.json")
+
+
+def tag_self(env: dict | None = None) -> None:
+    """Record this process's tags from `env` (default: its environment now),
+    for a process whose birth environment lacks them. Needs the fleet tag."""
+    env = os.environ if env is None else env
+    fleet = env.get(FLEET_TAG)
+    if not fleet:
+        return
+    me = os.getpid()
+    path = _tags_file(fleet, me)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{me}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump({"starttime": starttime(me), "env": {k: env[k] for k in _WANTED if k in env}},
+                  fh)
+    os.replace(tmp, path)
+
+
+def untag_self() -> None:
+    fleet = os.environ.get(FLEET_TAG)
+    if fleet:
+        try:
+            os.unlink(_tags_file(fleet, os.getpid()))
+        except OSError:
+            pass
+
+
+def _added_tags(fleet: str | None, pid: int, start: int) -> dict:
+    if not fleet:
+        return {}
+    try:
+        with open(_tags_file(fleet, pid)) as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("starttime") != start:
+        return {}
+    return {k: str(v) for k, v in (data.get("env") or {}).items() if k in _WANTED}
+
+
+def prune_tags(fleet: str) -> None:
+    """Remove the tag files of processes that have ended."""
+    try:
+        names = os.listdir(os.path.join(fleet, TAGS_DIR))
+    except OSError:
+        return
+    for name in names:
+        pid = name.removesuffix(".json")
+        if not pid.isdigit():
+            continue
+        if not is_running(int(pid)):
+            try:
+                os.unlink(os.path.join(fleet, TAGS_DIR, name))
+            except OSError:
+                pass
+
+
 def scan(**tags: str) -> list[Proc]:
     """Live processes whose environment holds every `tag=value` given
     (keys: fleet, attempt_dir, node)."""
@@ -89,10 +157,13 @@ def scan(**tags: str) -> list[Proc]:
             continue
         pid = int(entry)
         env = _environ(pid)
-        if not env or any(env.get(k) != v for k, v in wanted.items()):
+        if not env:
             continue
         info = stat(pid)
         if info is None or info[1] in ("Z", "X"):
+            continue
+        env.update(_added_tags(env.get(FLEET_TAG), pid, info[2]))
+        if any(env.get(k) != v for k, v in wanted.items()):
             continue
         found.append(Proc(pid=pid, ppid=info[0], state=info[1], starttime=info[2], env=env))
     return found

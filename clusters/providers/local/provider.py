@@ -27,7 +27,7 @@ from ..base import (
     PreflightResult,
     ScalingStatus,
 )
-from . import attempts, faults, preflight, procs
+from . import attempts, faults, preflight, procs, standby
 from .base_paths import LAUNCHER
 from .book import NodeBook
 
@@ -39,6 +39,9 @@ class LocalSettings:
     fleet_dir: str = setting("", "state folder of the logical nodes (default: "
                              "REGATTA_LOCAL_FLEET_DIR)")
     python: str = setting("", "interpreter that runs torchrun (default: this one)")
+    standbys: bool = setting(True, "keep a warm standby (Python started, torch and the "
+                             "trainer imported) on every spare and gang node, so a "
+                             "relaunch starts without a cold start (standby.py)")
 
 
 class LocalProvider:
@@ -46,16 +49,19 @@ class LocalProvider:
     Settings = LocalSettings
     PoolSettings = NoSettings
 
-    def __init__(self, cluster: str, root: Path, python: str = sys.executable):
+    def __init__(self, cluster: str, root: Path, python: str = sys.executable,
+                 standbys: bool = False):
         self.cluster = cluster
         self.root = Path(root).resolve()
         self.python = python
+        self.standbys = standbys
         self.book = NodeBook(self.root)
 
     @classmethod
     def for_cluster(cls, name: str, settings: LocalSettings) -> LocalProvider:
         base = settings.fleet_dir or django_settings.LOCAL_FLEET_DIR
-        return cls(name, Path(base) / name, python=settings.python or sys.executable)
+        return cls(name, Path(base) / name, python=settings.python or sys.executable,
+                   standbys=settings.standbys)
 
     # --- nodes ------------------------------------------------------------
     def _info(self, pool: PoolInfo, node: dict) -> NodeInfo:
@@ -131,7 +137,18 @@ class LocalProvider:
         return self._info(pool, new)
 
     def hold_spares(self, pool: PoolInfo, nodes: list[str]) -> None:
-        pass  # only Regatta places work on its nodes
+        """Only Regatta places work on its nodes; a spare holds a warm standby."""
+        if not self.standbys:
+            return
+        standby.renew_lease(self.root)
+        env = attempts.standby_environment()
+        for node in nodes:
+            standby.ensure(self.root, node, self.python, env)
+
+    def stop_standbys(self) -> None:
+        """End the idle standbys (Regatta stopping; running attempts are
+        stopped through `stop`)."""
+        standby.stop_idle(self.root)
 
     def scaling_status(self, pool: PoolInfo, since) -> ScalingStatus:
         return ScalingStatus()  # a logical node is there as soon as it is asked for
@@ -141,7 +158,7 @@ class LocalProvider:
 
     # --- attempts ---------------------------------------------------------
     def launch(self, request: LaunchRequest) -> dict:
-        return attempts.launch(self.root, request, python=self.python)
+        return attempts.launch(self.root, request, python=self.python, standbys=self.standbys)
 
     def observe(self, ref: dict) -> AttemptStatus:
         return attempts.observe(ref)

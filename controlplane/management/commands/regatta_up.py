@@ -11,6 +11,7 @@ import time
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from clusters.models import Cluster
 from clusters.providers import get_provider
 from controlplane.embedded import start_redis
 from controlplane.env import parse_host_port
@@ -117,3 +118,6 @@ def stop_local_training(grace_s: float = 20.0) -> None:
         if attempt.provider_ref:
             attempt.note_stop_by_control_plane()
             get_provider(attempt.job.cluster).stop(attempt.provider_ref, grace_s=grace_s)
+    # Their warm standbys (clusters/providers/local/standby.py) are detached too.
+    for cluster in Cluster.objects.filter(provider="local"):
+        get_provider(cluster).stop_standbys()

@@ -1,0 +1,402 @@
+"""A node's warm standby on the local fleet: Python started, torch, torchrun's
+agent, the SDK and the trainer imported, waiting for the node's next launch.
+
+    python standby.py --dir <fleet>/standby/<node> [--delay S]
+
+Nearly all of a relaunch is start-up: on a cold launch each node starts
+torchrun (Python, then `import torch`) and torchrun starts each rank (Python
+and `import torch` again) before the gang can meet. A standby pays that
+before the failure. The provider keeps one on every ready spare
+(`hold_spares`) and, a few seconds after a launch, on each node of the gang,
+so that the survivors of a failure restart warm too.
+
+A launch hands the node's standby its torchrun command line, environment and
+node folder over a Unix socket (`hand_over`); the standby answers "ok" and
+becomes that node's launcher (launcher.py's `supervise`): it forks torchrun's
+agent from itself, and the agent forks each rank (`--start-method=fork`), so
+every process starts with the imports done. The ranks run the same entry
+point a cold launch runs (`-m module` through runpy, or a script path), under
+the same torchrun agent, with the same environment and exit codes. Anything
+the standby cannot take as it is (another interpreter, a loader path of its
+own, no Python at all) it refuses, and the launch goes cold.
+
+The socket's name is abstract (Linux), bound before anything is imported: a
+second standby for the same node fails to bind and leaves. The standby ends
+by itself once its folder is gone or names another standby.
+
+Standard library only at module level: the provider imports this file for
+`ensure` and `hand_over`; torch is imported by the standby process alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+try:
+    from . import procs
+except ImportError:  # run as a script, beside procs.py
+    import procs
+
+HERE = Path(__file__).resolve().parent
+STANDBY = HERE / "standby.py"
+INFO = "standby.json"
+# The control plane renews the fleet's lease on every cluster pass and every
+# launch (`renew_lease`); a standby whose lease has not been renewed this long
+# leaves by itself, so none outlives a control plane that went away without
+# stopping it (killed, or a test or bench that never said so).
+LEASE = "lease"
+LEASE_S = 600.0
+# Seconds the provider waits for a standby's answer before it kills it and
+# launches cold: a standby that took the launch answers at once.
+ANSWER_TIMEOUT_S = 5.0
+# What a process's loader read when it started: a launch that sets any of
+# these differently cannot run in a process that already started.
+_FIXED_AT_START = ("LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONHOME")
+# What a rank of the built-in trainer imports, done ahead (best effort: a
+# missing module only leaves that much of the start-up cold). torch._dynamo
+# too: torch's log formatter imports it the first time torchrun's agent logs
+# a failed rank, seconds spent between a rank's death and the agent's exit.
+PRELOAD = ("torch", "torch.distributed.run", "torch._dynamo", "regatta.run",
+           "trainer.__main__", "trainer.trainer")
+
+
+def standby_dir(fleet: Path, node: str) -> Path:
+    return Path(fleet) / "standby" / node
+
+
+def address(folder: Path) -> str:
+    digest = hashlib.sha256(str(Path(folder).resolve()).encode()).hexdigest()[:32]
+    return f"\0regatta-standby-{digest}"
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def _alive(info: dict) -> bool:
+    return procs.is_running(info.get("pid"), info.get("starttime"))
+
+
+# --- the provider's side ---------------------------------------------------------
+
+def renew_lease(fleet: Path) -> None:
+    path = Path(fleet) / "standby" / LEASE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+
+
+def _lease_expired(folder: Path) -> bool:
+    try:
+        return time.time() - (folder.parent / LEASE).stat().st_mtime > LEASE_S
+    except OSError:
+        return True
+
+
+def ensure(fleet: Path, node: str, python: str, env: dict, delay_s: float = 0.0) -> None:
+    """Start a standby on `node` unless one lives there. `env` is the birth
+    environment; it carries the fleet's and the node's tags, so a node kill
+    takes its standby along. Returns once the standby has detached."""
+    renew_lease(fleet)
+    folder = standby_dir(fleet, node)
+    if _alive(_read(folder / INFO)):
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "standby.err", "ab") as err:
+        first = subprocess.Popen(
+            [python, str(STANDBY), "--dir", str(folder), "--delay", str(delay_s)],
+            env={**env, procs.FLEET_TAG: str(fleet), procs.NODE_TAG: node}, cwd=folder,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+            start_new_session=True,
+        )
+    first.wait(timeout=15)
+
+
+def hand_over(fleet: Path, node: str, node_dir: Path, argv: list[str], env: dict,
+              python: str) -> bool:
+    """Give the node's launch to its standby: True once the standby took it
+    (it then writes `launcher.json` as a cold launcher does), False if there
+    is none ready or it refused (the caller launches cold)."""
+    folder = standby_dir(fleet, node)
+    info = _read(folder / INFO)
+    if info.get("state") != "ready" or info.get("python") != python or not _alive(info):
+        return False
+    payload = json.dumps({"node_dir": str(node_dir), "argv": argv, "env": env}).encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(ANSWER_TIMEOUT_S)
+        try:
+            sock.connect(address(folder))
+        except OSError:
+            return False  # not listening: gone, or still importing
+        try:
+            sock.sendall(payload)
+            sock.shutdown(socket.SHUT_WR)
+            answer = sock.recv(64)
+        except OSError:
+            answer = b""
+        if answer == b"ok":
+            return True
+        if not answer:
+            # It may have gone on without a word: it must not run beside the
+            # cold launch that follows.
+            pid, _, _ = struct.unpack("3i", sock.getsockopt(
+                socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+            if pid > 0:
+                procs.kill_hard([p for p in procs.scan(fleet=str(fleet), node=node)
+                                 if p.pid == pid])
+        return False
+
+
+def stop_idle(fleet: Path) -> list[int]:
+    """Kill the fleet's standbys that hold no launch (Regatta stopping: a
+    standby is detached, so nothing else ends it)."""
+    idle = [p for p in procs.scan(fleet=str(fleet)) if procs.ATTEMPT_TAG not in p.env]
+    killed = procs.kill_hard(idle)
+    procs.wait_gone(idle, 5.0)
+    return killed
+
+
+# --- the standby's side ----------------------------------------------------------
+
+def _preload() -> list[str]:
+    import importlib
+
+    done = []
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+            done.append(name)
+        except Exception:  # noqa: BLE001 - what fails to import is imported cold, or fails there
+            pass
+    return done
+
+
+def _refusal(task: dict) -> str:
+    argv, env = task.get("argv"), task.get("env")
+    if not isinstance(argv, list) or not isinstance(env, dict) or not task.get("node_dir"):
+        return "malformed"
+    if argv[:3] != [sys.executable, "-m", "torch.distributed.run"]:
+        return "not this interpreter's torchrun"
+    for name in _FIXED_AT_START:
+        if env.get(name) != os.environ.get(name):
+            return f"{name} differs"
+    return ""
+
+
+def _receive(conn: socket.socket) -> dict:
+    conn.settimeout(ANSWER_TIMEOUT_S)
+    chunks, size = [], 0
+    while chunk := conn.recv(65536):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > 4 << 20:
+            return {}
+    try:
+        task = json.loads(b"".join(chunks))
+    except ValueError:
+        return {}
+    return task if isinstance(task, dict) else {}
+
+
+def _wait_for_launch(sock: socket.socket, folder: Path) -> dict | None:
+    me = os.getpid()
+    sock.settimeout(1.0)
+    while True:
+        try:
+            conn, _ = sock.accept()
+        except TimeoutError:
+            mine = _read(folder / INFO).get("pid") == me
+            if mine and not _lease_expired(folder):
+                continue
+            if mine:  # no control plane has asked for standbys in LEASE_S
+                (folder / INFO).unlink(missing_ok=True)
+            return None  # else the folder is gone, or another standby took it over
+        with conn:
+            try:
+                task = _receive(conn)
+                refusal = _refusal(task)
+                if refusal:
+                    conn.sendall(f"no: {refusal}".encode()[:64])
+                    continue
+                # Off the books before answering: from "ok" on this process
+                # is the node's launcher, and the provider may start the
+                # node's next standby at once.
+                (folder / INFO).unlink(missing_ok=True)
+                conn.sendall(b"ok")
+            except OSError:
+                return None  # the provider gave up on us and launches cold
+            return task
+
+
+def run_module(module: str, *args: str) -> None:
+    """A rank's entry point for `torchrun -m module`, in a forked rank."""
+    import runpy
+
+    _become_rank()
+    sys.argv = [module, *args]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def run_script(script: str, *args: str) -> None:
+    """A rank's entry point for `torchrun script.py`, in a forked rank."""
+    import runpy
+
+    _become_rank()
+    sys.argv = [script, *args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    runpy.run_path(script, run_name="__main__")
+
+
+def _become_rank() -> None:
+    # The agent's handlers (which raise in the agent) are inherited through
+    # fork; a rank starts with the defaults, as a freshly exec'd one does.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    procs.tag_self()
+    # `python -u`, as a cold launch runs its ranks: lines reach the log as written.
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=True, write_through=True)
+    for entry in reversed([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+
+
+def _count_exit_zero_as_done() -> None:
+    """torch's context for ranks started as a function counts a rank done
+    once it returned a value; a rank that ends with `os._exit(0)`, as the
+    SDK and the trainer end (regatta.run._exit), never does, and the agent
+    would wait forever. A cold launch's ranks are judged by exit code alone:
+    so are these. Patched in the standby's own agent process only."""
+    from torch.distributed.elastic.multiprocessing.api import MultiprocessContext
+
+    poll = MultiprocessContext._poll
+
+    def _poll(self):
+        for local_rank, process in enumerate(getattr(self._pc, "processes", None) or ()):
+            if process.exitcode == 0:
+                self._return_values.setdefault(local_rank, None)
+        return poll(self)
+
+    MultiprocessContext._poll = _poll
+
+
+def _agent(torchrun_args: list[str]) -> int:
+    """torchrun's `run`, in this process, with ranks forked from it."""
+    import traceback
+
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    _count_exit_zero_as_done()
+
+    args = torchrun.parse_args(["--start-method=fork", *torchrun_args])
+    config, cmd, cmd_args = torchrun.config_from_args(args)
+    entry, call = cmd, list(cmd_args)
+    if isinstance(cmd, str) and cmd_args[:1] == ["-u"]:
+        if cmd_args[1:2] == ["-m"]:
+            entry, call = run_module, cmd_args[2:]
+        else:
+            entry, call = run_script, cmd_args[1:]
+    try:
+        elastic_launch(config=config, entrypoint=entry)(*call)
+    except ChildFailedError:
+        traceback.print_exc()  # "Root Cause ... exitcode", as torchrun prints it
+        return 1
+    return 0
+
+
+def _launch(task: dict) -> int:
+    import launcher
+
+    node_dir = Path(task["node_dir"])
+    os.environ.clear()
+    os.environ.update({k: str(v) for k, v in task["env"].items()})
+    os.chdir(node_dir)
+    procs.tag_self()
+    launcher.ignore_stop_signals()
+    out = os.open(node_dir / "stdout.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            procs.tag_self()
+            code = _agent(task["argv"][3:])
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:  # noqa: BLE001 - reported in the node's log, as torchrun's would be
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    os.close(out)
+    code = launcher.supervise(node_dir, launcher.Forked(pid), task.get("beat_every"),
+                              warm=True)
+    procs.prune_tags(os.environ.get(procs.FLEET_TAG, ""))
+    procs.untag_self()
+    return code
+
+
+def serve(folder: Path, delay_s: float) -> int:
+    if os.fork():
+        os._exit(0)  # the provider returns at once; the standby goes on alone
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(address(folder))
+    except OSError:
+        return 0  # another standby holds this node
+    me = os.getpid()
+    about = {"pid": me, "starttime": procs.starttime(me), "python": sys.executable}
+    _write(folder / INFO, {**about, "state": "starting"})
+    time.sleep(delay_s)
+    if _read(folder / INFO).get("pid") != me:
+        return 0
+    preloaded = _preload()
+    sock.listen(4)
+    _write(folder / INFO, {**about, "state": "ready", "ready_at": time.time(),
+                           "preloaded": preloaded})
+    task = _wait_for_launch(sock, folder)
+    sock.close()
+    if task is None:
+        return 0
+    return _launch(task)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="standby")
+    parser.add_argument("--dir", required=True, type=Path)
+    parser.add_argument("--delay", type=float, default=0.0)
+    opts = parser.parse_args(argv)
+    return serve(opts.dir, opts.delay)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
