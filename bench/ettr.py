@@ -2,17 +2,24 @@
 run with a node failure injected every N seconds, beside the Young/Daly
 prediction from the costs measured in the same run.
 
-    .venv/bin/python bench/ettr.py --duration 1200 --every 120   # the issue's run
-    .venv/bin/python bench/ettr.py --duration 300 --every 60     # a scaled run
+    .venv/bin/python bench/ettr.py --duration 1800 --every 600 --kill node --checkpoint auto
+    .venv/bin/python bench/ettr.py --duration 1200 --every 120   # rank kills, fixed interval
 
 Regatta runs for real (see bench/recovery.py: runserver, a Celery worker, the
-local provider); every `--every` seconds one rank is SIGKILLed. Measured:
+local provider); every `--every` seconds rank 1 is SIGKILLed, or its whole
+node (`--kill node`, the node kill fault). Measured:
 productive seconds from the goodput ledger over the wall time since the first
 step. Predicted (first-order Young/Daly, with MTBF = the injection period M,
 checkpoint cost C = median blocking seconds, checkpoint period T = interval
 steps × median step time, restart latency R from the ledger):
 
-    ETTR ≈ (1 − C/T) × (1 − (R + T/2) / M)
+    ETTR ≈ (1 − C/T) × (1 − (R + L) / M)
+
+where L is the work a failure rolls back: T/2 on average for a relaunch from
+the last periodic checkpoint; with the survivors' hand-over (issue 30) the
+steps lost per failure measured in the same run, times the step time.
+`--checkpoint auto` lets the job choose its interval (Young/Daly, from its
+own measured costs); T is then the interval it chose.
 """
 
 from __future__ import annotations
@@ -26,7 +33,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from recovery import TRAINER, start_control_plane, sweep_until  # noqa: E402
+from recovery import (  # noqa: E402
+    TRAINER,
+    kill_regatta_node,
+    start_control_plane,
+    sweep_until,
+)
 
 
 def main() -> None:
@@ -34,12 +46,17 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=1200.0, help="seconds of wall time")
     parser.add_argument("--every", type=float, default=120.0, help="seconds between failures")
     parser.add_argument("--checkpoint-every", type=int, default=20, help="steps")
+    parser.add_argument("--checkpoint", choices=("steps", "auto"), default="steps",
+                        help="the job's checkpoint policy: every --checkpoint-every steps, "
+                             "or chosen by the job (Young/Daly)")
+    parser.add_argument("--kill", choices=("rank", "node"), default="rank")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="regatta-ettr-"))
     failures = int(args.duration // args.every) + 2
     trainer = {**TRAINER, "log_every_steps": 10, "step_sleep_s": 0.05}
     job, cluster, stop = start_control_plane(workdir, failures, trainer,
-                                             checkpoint_every=args.checkpoint_every)
+                                             checkpoint_every=args.checkpoint_every,
+                                             checkpoint_policy=args.checkpoint)
     from checkpoints.models import Checkpoint
     from clusters.providers import get_provider
     from jobs import goodput
@@ -55,7 +72,10 @@ def main() -> None:
             if time.time() >= next_kill:
                 live = job.attempts.filter(state="running").order_by("-number").first()
                 if live is not None:
-                    provider.kill_rank(live.provider_ref, rank=1)
+                    if args.kill == "node":
+                        kill_regatta_node(live, provider)
+                    else:
+                        provider.kill_rank(live.provider_ref, rank=1)
                     injected += 1
                     print(f"  failure {injected} at +{time.time() - t0:.0f} s", flush=True)
                 next_kill += args.every
@@ -79,18 +99,30 @@ def main() -> None:
         # under the same category but is no part of the Young/Daly R.
         restarts = job.goodput.filter(category="restart", key__startswith="restart-"
                                       ).values_list("seconds", flat=True)
+        job.refresh_from_db()
+        interval = job.effective_checkpoint_every
+        # Steps trained again after each failure: the last step the failed
+        # attempt reported against the step its successor resumed from.
+        attempts = list(job.attempts.order_by("number"))
+        lost = [max(0, prev.last_step - nxt.resume_step)
+                for prev, nxt in zip(attempts, attempts[1:], strict=False)
+                if nxt.resume_step is not None]
     finally:
         stop()
     c = statistics.median(costs) if costs else 0.0
     step = statistics.median(step_times) if step_times else float("nan")
-    t = args.checkpoint_every * step
+    t = interval * step
     r = statistics.median(restarts) if restarts else 0.0
     m = args.every
-    predicted = (1 - c / t) * (1 - (r + t / 2) / m)
+    rollback = statistics.mean(lost) * step if lost else t / 2
+    predicted = (1 - c / t) * (1 - (r + rollback) / m)
     measured = productive / wall
-    print(f"wall {wall:.0f} s, failures injected {injected} (one every {m:.0f} s)")
+    print(f"wall {wall:.0f} s, failures injected {injected} (one every {m:.0f} s, "
+          f"{args.kill} kills)")
     print(f"measured: checkpoint cost C={c:.3f} s, period T={t:.2f} s "
-          f"({args.checkpoint_every} steps × {step:.3f} s), restart latency R={r:.1f} s")
+          f"({interval} steps × {step:.3f} s, policy {args.checkpoint}), "
+          f"restart latency R={r:.1f} s")
+    print(f"steps lost per failure: {lost} (rollback L={rollback:.2f} s per failure)")
     print(f"ETTR measured {measured:.3f}  vs Young/Daly prediction {predicted:.3f}  "
           f"(ratio {measured / predicted:.2f})")
 
