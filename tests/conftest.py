@@ -32,11 +32,12 @@ def no_fleet_process_outlives_the_run(tmp_path_factory):
     """A net under the fixtures that stop what a test started: any local-fleet
     process of this run (a node's warm standby waits for a launch forever)
     dies when the run ends."""
-    base = str(tmp_path_factory.getbasetemp().resolve())
+    roots = (str(tmp_path_factory.getbasetemp().resolve()),
+             str(settings.LOCAL_FLEET_DIR.resolve()))
     yield
     from clusters.providers.local import procs
 
-    left = [p for p in procs.scan() if p.env.get(procs.FLEET_TAG, "").startswith(base)]
+    left = [p for p in procs.scan() if p.env.get(procs.FLEET_TAG, "").startswith(roots)]
     procs.kill_hard(left)
 
 

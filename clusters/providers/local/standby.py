@@ -251,7 +251,7 @@ def run_module(module: str, *args: str) -> None:
     """A rank's entry point for `torchrun -m module`, in a forked rank."""
     import runpy
 
-    _become_rank()
+    _become_rank(first_on_path=os.getcwd())  # as `python -m` puts it
     sys.argv = [module, *args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
@@ -260,13 +260,12 @@ def run_script(script: str, *args: str) -> None:
     """A rank's entry point for `torchrun script.py`, in a forked rank."""
     import runpy
 
-    _become_rank()
+    _become_rank(first_on_path=os.path.dirname(os.path.abspath(script)))
     sys.argv = [script, *args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     runpy.run_path(script, run_name="__main__")
 
 
-def _become_rank() -> None:
+def _become_rank(first_on_path: str) -> None:
     # The agent's handlers (which raise in the agent) are inherited through
     # fork; a rank starts with the defaults, as a freshly exec'd one does.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -275,9 +274,19 @@ def _become_rank() -> None:
     # `python -u`, as a cold launch runs its ranks: lines reach the log as written.
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(line_buffering=True, write_through=True)
-    for entry in reversed([p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]):
+    # sys.path as a cold rank's interpreter builds it: the program's own
+    # folder first, then PYTHONPATH, and not this file's folder (the
+    # standby ran as a script from it).
+    here = str(HERE)
+    sys.path[:] = [p for p in sys.path if p != here]
+    for entry in reversed([first_on_path, *(
+            p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]):
         if entry not in sys.path:
             sys.path.insert(0, entry)
+    if os.environ.get("PYTHONFAULTHANDLER"):
+        import faulthandler
+
+        faulthandler.enable()
 
 
 def _count_exit_zero_as_done() -> None:
