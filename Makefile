@@ -38,10 +38,10 @@ run: demo
 # The suite keeps its own state folder (SQLite test database, embedded
 # redis-server and its socket), so it never shares one with a running
 # `make run`. Set REGATTA_STATE_DIR to put it elsewhere (.ci/run does).
-# TEST_WORKERS=N runs the whole suite on N pytest-xdist workers, a test file
-# to a worker and the real clusters' tests each on one (tests/support/
-# xdist_workers.py); 1, the default, runs it in this process.
-TEST_WORKERS ?= 1
+# The whole suite runs on TEST_WORKERS pytest-xdist workers (default 2), a
+# test file to a worker and the real clusters' tests each on one (tests/
+# support/xdist_workers.py); TEST_WORKERS=1 runs it in this process.
+TEST_WORKERS ?= 2
 test: export REGATTA_STATE_DIR ?= $(CURDIR)/.regatta/test
 test: install kube-build-if-go
 	$(PY) -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) \
