@@ -323,8 +323,10 @@ def paired(injections: int, workdir: Path, preflight: bool,
                   f"regatta {ours[-1]:.2f} s, difference {ours[-1] - base_times[-1]:+.2f} s, "
                   f"regatta steps lost {lost[-1]}, warm standbys {warm} of 2", flush=True)
     finally:
-        stop()
-        base.stop()
+        try:
+            stop()
+        finally:
+            base.stop()  # its gang must not outlive the bench, however it ended
     return base_times, ours, lost
 
 
