@@ -129,7 +129,7 @@ class TrainingJob(models.Model):
         EXIT = "exit", "All ranks exit 0"
         CHECKPOINT = "checkpoint", "A verified checkpoint of the final step"
 
-    # --- spec --------------------------------------------------------------
+    # --- spec: the job itself ------------------------------------------------
     name = models.CharField(max_length=100)
     team = models.ForeignKey(Team, on_delete=models.PROTECT, related_name="jobs")
     cluster = models.ForeignKey("clusters.Cluster", on_delete=models.PROTECT, related_name="jobs")
@@ -152,26 +152,76 @@ class TrainingJob(models.Model):
     gpus_per_node = models.PositiveIntegerField()
     strategy = models.CharField(max_length=8, choices=Strategy.choices, default=Strategy.DDP)
     hyperparameters = models.JSONField(default=dict, blank=True)
+    priority = models.IntegerField(default=0)
+    spot_allowed = models.BooleanField(default=False)
+    storage_uri = models.CharField(max_length=1000, blank=True)
+    generation = models.PositiveIntegerField(default=1)
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    # --- desired state people ask for beside the spec -------------------------
+    # A cancel is asked for here and finished by the reconciler, which stops
+    # the ranks.
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    # A person may ask to restart from a chosen checkpoint step.
+    restart_from_step = models.PositiveIntegerField(null=True, blank=True)
+
+    # --- status (the reconciler's) --------------------------------------------
+    phase = models.CharField(max_length=12, choices=Phase.choices, default=Phase.PENDING)
+    observed_generation = models.PositiveIntegerField(default=0)
+    conditions = models.JSONField(default=list, blank=True)
+    pending_reason = models.CharField(max_length=500, blank=True)
+    last_error = models.TextField(blank=True)
+    current_step = models.PositiveIntegerField(default=0)
+    progress = models.JSONField(default=dict, blank=True)
+    phase_changed_at = models.DateTimeField(default=timezone.now)
+    admitted_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    next_reconcile_at = models.DateTimeField(null=True, blank=True, db_index=True)
+
+    # --- a feature's spec and status, on the job's row ------------------------
+    # Each group below is owned by the package it names. They stay on this
+    # row, not in tables of their own, because the passes write them in the
+    # same conditional UPDATE as the phase (admission sets the borrowed GPUs
+    # with ADMITTED, preemption `preempted_at` with QUEUED, a rerun clears
+    # the restart books with QUEUED) under the one row lock every pass
+    # takes, and the admission pass reads them for hundreds of queued jobs
+    # at once (docs/design.md, "TrainingJob's columns").
+    #
+    # Checkpointing (jobs/checkpointing/): the policy, and the interval `auto` chose.
     checkpoint_policy = models.CharField(
         max_length=8, choices=CheckpointPolicy.choices, default=CheckpointPolicy.STEPS
     )
     checkpoint_every_steps = models.PositiveIntegerField(default=100)
     keep_last = models.PositiveIntegerField(default=3)
+    checkpoint_interval_steps = models.PositiveIntegerField(null=True, blank=True)
+    checkpoint_interval_inputs = models.JSONField(default=dict, blank=True)
+
+    # Restart budgets (jobs/reconcile/budgets.py).
     restart_budgets = models.JSONField(default=default_restart_budgets)
     # The window of progress after which a class's spent restarts are
     # forgiven (jobs/reconcile/budgets.py); 0 turns that half of the window off.
     budget_reset_steps = models.PositiveIntegerField(default=1000)
     budget_reset_minutes = models.PositiveIntegerField(default=60)
-    priority = models.IntegerField(default=0)
-    spot_allowed = models.BooleanField(default=False)
-    storage_uri = models.CharField(max_length=1000, blank=True)
-    # Desired state beside the spec: a cancel is asked for here and finished
-    # by the reconciler, which stops the ranks.
-    cancel_requested_at = models.DateTimeField(null=True, blank=True)
-    # A person may ask to restart from a chosen checkpoint step.
-    restart_from_step = models.PositiveIntegerField(null=True, blank=True)
-    generation = models.PositiveIntegerField(default=1)
-    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    # Restarts per class in this run, forgiven or not ("N in all").
+    restart_counts = models.JSONField(default=dict, blank=True)
+    # Restarts per class charged to the job within the window: what the
+    # budget is held against (jobs/reconcile/budgets.py).
+    budget_spent = models.JSONField(default=dict, blank=True)
+    # Per class, the step and time of its last failure; and the streak of
+    # unconfirmed failures on fresh nodes.
+    restart_marks = models.JSONField(default=dict, blank=True)
+
+    # Admission (jobs/admission/). Sharing (sharing.py), written by the
+    # admission pass with ADMITTED: GPUs this gang holds beyond its team's
+    # quota, and whose idle quota they are ({team id: GPUs}); a lender that
+    # needs them back reclaims the gang.
+    borrowed_gpus = models.PositiveIntegerField(default=0)
+    borrowed_from = models.JSONField(default=dict, blank=True)
+    # Set when a preemption sends the job back to the queue: it goes first
+    # among its team's jobs of its priority; cleared at its next admission.
+    preempted_at = models.DateTimeField(null=True, blank=True)
+
     # Evaluation (jobs/evals/). On a training job, `eval_policy` is the
     # spec's `eval` block (empty: none). An eval run is a job of its own,
     # made by its parent's reconcile: `parent` and the checkpoint step it
@@ -181,38 +231,6 @@ class TrainingJob(models.Model):
     parent = models.ForeignKey("self", on_delete=models.CASCADE, null=True, blank=True,
                                related_name="evals")
     eval_step = models.PositiveIntegerField(null=True, blank=True)
-
-    # --- status (the reconciler's) -------------------------------------------
-    phase = models.CharField(max_length=12, choices=Phase.choices, default=Phase.PENDING)
-    observed_generation = models.PositiveIntegerField(default=0)
-    conditions = models.JSONField(default=list, blank=True)
-    pending_reason = models.CharField(max_length=500, blank=True)
-    last_error = models.TextField(blank=True)
-    current_step = models.PositiveIntegerField(default=0)
-    progress = models.JSONField(default=dict, blank=True)
-    # Restarts per class in this run, forgiven or not ("N in all").
-    restart_counts = models.JSONField(default=dict, blank=True)
-    # Restarts per class charged to the job within the window: what the
-    # budget is held against (jobs/reconcile/budgets.py).
-    budget_spent = models.JSONField(default=dict, blank=True)
-    # Per class, the step and time of its last failure; and the streak of
-    # unconfirmed failures on fresh nodes.
-    restart_marks = models.JSONField(default=dict, blank=True)
-    checkpoint_interval_steps = models.PositiveIntegerField(null=True, blank=True)
-    checkpoint_interval_inputs = models.JSONField(default=dict, blank=True)
-    phase_changed_at = models.DateTimeField(default=timezone.now)
-    admitted_at = models.DateTimeField(null=True, blank=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
-    next_reconcile_at = models.DateTimeField(null=True, blank=True, db_index=True)
-    # Sharing (jobs/admission/sharing.py), written by the admission pass: GPUs this gang
-    # holds beyond its team's quota, and whose idle quota they are ({team id:
-    # GPUs}); a lender that needs them back reclaims the gang.
-    borrowed_gpus = models.PositiveIntegerField(default=0)
-    borrowed_from = models.JSONField(default=dict, blank=True)
-    # Set when a preemption sends the job back to the queue: it goes first
-    # among its team's jobs of its priority; cleared at its next admission.
-    preempted_at = models.DateTimeField(null=True, blank=True)
     eval_result = models.JSONField(default=dict, blank=True)
 
     class Meta:
