@@ -22,7 +22,8 @@ own, no Python at all) it refuses, and the launch goes cold.
 
 The socket's name is abstract (Linux), bound before anything is imported: a
 second standby for the same node fails to bind and leaves. The standby ends
-by itself once its folder is gone or names another standby.
+by itself once its folder is gone or names another standby, or its fleet's
+lease has not been renewed for LEASE_S.
 
 Standard library only at module level: the provider imports this file for
 `ensure` and `hand_over`; torch is imported by the standby process alone.
@@ -43,8 +44,9 @@ import time
 from pathlib import Path
 
 try:
-    from . import procs
-except ImportError:  # run as a script, beside procs.py
+    from . import book, procs
+except ImportError:  # run as a script, beside book.py and procs.py
+    import book
     import procs
 
 HERE = Path(__file__).resolve().parent
@@ -79,18 +81,8 @@ def address(folder: Path) -> str:
     return f"\0regatta-standby-{digest}"
 
 
-def _read(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _write(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+def _info(folder: Path) -> dict:
+    return book.read_json(folder / INFO, {})
 
 
 def _alive(info: dict) -> bool:
@@ -116,9 +108,9 @@ def ensure(fleet: Path, node: str, python: str, env: dict, delay_s: float = 0.0)
     """Start a standby on `node` unless one lives there. `env` is the birth
     environment; it carries the fleet's and the node's tags, so a node kill
     takes its standby along. Returns once the standby has detached."""
-    renew_lease(fleet)
+    renew_lease(fleet)  # never started into a lease about to lapse
     folder = standby_dir(fleet, node)
-    if _alive(_read(folder / INFO)):
+    if _alive(_info(folder)):
         return
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / "standby.err", "ab") as err:
@@ -137,7 +129,7 @@ def hand_over(fleet: Path, node: str, node_dir: Path, argv: list[str], env: dict
     (it then writes `launcher.json` as a cold launcher does), False if there
     is none ready or it refused (the caller launches cold)."""
     folder = standby_dir(fleet, node)
-    info = _read(folder / INFO)
+    info = _info(folder)
     if info.get("state") != "ready" or info.get("python") != python or not _alive(info):
         return False
     payload = json.dumps({"node_dir": str(node_dir), "argv": argv, "env": env}).encode()
@@ -224,7 +216,7 @@ def _wait_for_launch(sock: socket.socket, folder: Path) -> dict | None:
         try:
             conn, _ = sock.accept()
         except TimeoutError:
-            mine = _read(folder / INFO).get("pid") == me
+            mine = _info(folder).get("pid") == me
             if mine and not _lease_expired(folder):
                 continue
             if mine:  # no control plane has asked for standbys in LEASE_S
@@ -384,13 +376,13 @@ def serve(folder: Path, delay_s: float) -> int:
         return 0  # another standby holds this node
     me = os.getpid()
     about = {"pid": me, "starttime": procs.starttime(me), "python": sys.executable}
-    _write(folder / INFO, {**about, "state": "starting"})
+    book.write_json(folder / INFO, {**about, "state": "starting"})
     time.sleep(delay_s)
-    if _read(folder / INFO).get("pid") != me:
+    if _info(folder).get("pid") != me:
         return 0
     preloaded = _preload()
     sock.listen(4)
-    _write(folder / INFO, {**about, "state": "ready", "ready_at": time.time(),
+    book.write_json(folder / INFO, {**about, "state": "ready", "ready_at": time.time(),
                            "preloaded": preloaded})
     task = _wait_for_launch(sock, folder)
     sock.close()
