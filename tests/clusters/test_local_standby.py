@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from regatta.storage import open_storage
 
 from clusters.providers.base import FaultKind
 from clusters.providers.local import LocalProvider, procs, standby
@@ -17,6 +18,8 @@ from tests.clusters.local_fleet import kill_everything, make_pool, request, wait
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+SDK_EXAMPLE = str(Path(__file__).resolve().parents[2] / "examples" / "train_ddp_sdk.py")
 
 
 @pytest.fixture
@@ -46,11 +49,11 @@ def idle_standbys(provider: LocalProvider, node: str) -> list[procs.Proc]:
             if procs.ATTEMPT_TAG not in p.env]
 
 
-def warm_launch(provider, pool, name, **env):
+def warm_launch(provider, pool, name, command=None, **env):
     nodes = [n.name for n in provider.list_nodes(pool)][:2]
     provider.hold_spares(pool, nodes)
     wait_ready(provider, nodes)
-    ref = provider.launch(request(provider, pool, name, env=env))
+    ref = provider.launch(request(provider, pool, name, env=env, command=command))
     assert [n["warm"] for n in ref["nodes"]] == [True, True]
     return ref
 
@@ -104,6 +107,29 @@ def test_a_warm_ranks_exit_code_and_a_killed_warm_ranks_signal_are_read_back(war
     assert status.state == "failed"
     killed = next(n for n in status.nodes if n.node_rank == 1)
     assert killed.signal == 9
+
+
+def test_a_warm_sdk_programs_survivor_hands_over_its_last_step(warm_fleet, tmp_path):
+    """The SDK example, warm on both nodes, with rank 1 killed: rank 0's
+    uncaught collective error reaches the SDK's hook as it would in a cold
+    `python` (not torch's process wrapper, which skips it), so it hands
+    over the step it completed and exits 84, the lost-peer code."""
+    pool = make_pool(size=2, spare_count=0)
+    ckpt = tmp_path / "ckpt"
+    ref = warm_launch(warm_fleet, pool, "sdk", command=(SDK_EXAMPLE,),
+                      REGATTA_CHECKPOINT_URI=str(ckpt), REGATTA_CHECKPOINT_EVERY="5",
+                      REGATTA_CONFIG=json.dumps({"steps": 400, "sleep": 0.1}))
+    store = open_storage(str(ckpt))
+    eventually(lambda: store.is_committed(5), timeout=90, what="step 5 committed")
+    time.sleep(1.0)  # a few steps past the checkpoint
+    warm_fleet.kill_rank(ref, rank=1)
+    status = all_ended(warm_fleet, ref)
+
+    survivor = next(n for n in status.nodes if n.node_rank == 0)
+    assert survivor.exit_code == 84, status.message
+    handed = store.committed_steps()[-1]
+    assert handed % 5 != 0, store.committed_steps()  # not a periodic save
+    assert store.verify(handed) == (True, "ok")
 
 
 def test_stop_ends_a_warm_attempt_and_a_node_kill_takes_the_idle_standby(warm_fleet):

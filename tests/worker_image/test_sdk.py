@@ -80,6 +80,43 @@ def test_alone_it_saves_and_resumes_bitwise_identically_after_sigkill(tmp_path):
     assert all(store.verify(s) == (True, "ok") for s in store.committed_steps())
 
 
+def test_a_survivor_hands_over_the_last_step_with_no_code_of_the_programs_own(
+        tmp_path, control_plane):
+    """A program that saves `ModelState` with no per-rank state: when a peer
+    dies, the survivor's uncaught collective error writes the last step it
+    completed (not the step-6 checkpoint), and a run resumed from it ends
+    bitwise equal to one never interrupted."""
+    reference = Program(tmp_path, "reference", tmp_path / "ref", mode="stateless", every=6).wait()
+    assert reference.proc.returncode == 0, reference.log()[-3000:]
+    ckpt = tmp_path / "ckpt"
+    store = open_storage(str(ckpt))
+    killed = Program(tmp_path, "killed", ckpt, sleep=0.3, mode="stateless", every=6,
+                     env=control_plane.env())
+    eventually(lambda: store.is_committed(6), timeout=90, interval=0.1, what="step 6 committed")
+    eventually(lambda: any(p["step"] >= 8 for r in control_plane.of_kind("metrics")
+                           for p in r["body"]["points"]), timeout=30, what="step 8")
+    ranks = [p for p in descendants(killed.proc.pid)
+             if b"sdk_program" in open(f"/proc/{p}/cmdline", "rb").read()]
+    os.kill(max(ranks), signal.SIGKILL)
+    killed.wait()
+
+    handed = store.committed_steps()[-1]
+    assert 8 <= handed < 12, (store.committed_steps(), killed.log()[-3000:])
+    assert store.verify(handed) == (True, "ok")
+    assert killed.exit_codes() == {0: 84}  # the killed rank wrote none
+    events = {r["body"]["kind"]: r["body"] for r in control_plane.of_kind("events")}
+    assert events["survivor_handover"]["data"]["step"] == handed
+    assert "survivor_handover_failed" not in events
+
+    resumed = Program(tmp_path, "resumed", ckpt, mode="stateless", every=6).wait()
+
+    assert resumed.proc.returncode == 0, resumed.log()[-3000:]
+    a = flat_tensors(load_checkpoint(tmp_path / "ref" / "step-12", tmp_path / "a.pt"))
+    b = flat_tensors(load_checkpoint(ckpt / "step-12", tmp_path / "b.pt"))
+    assert a.keys() == b.keys() and any(k.startswith("optim.") for k in a)
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []
+
+
 def test_the_final_checkpoint_carries_the_exported_model_in_its_manifest(tmp_path):
     run = Program(tmp_path, "export", tmp_path / "ckpt", steps=6).wait()
 

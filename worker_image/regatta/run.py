@@ -20,12 +20,16 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 
 from regatta import dist as rdist
 from regatta import gpu, loading, preemption, reporting
 from regatta.agreement import Decision, Directives
 from regatta.checkpoint import Checkpointer, open_for_writing
-from regatta.exits import EXIT_OK, EXIT_PREEMPTED, FAILURE_CLASS
+from regatta.exits import EXIT_COLLECTIVE, EXIT_OK, EXIT_PREEMPTED, FAILURE_CLASS
 from regatta.launch import Launch
 from regatta.loading import Resumed
 from regatta.profiling import Profiler
@@ -53,6 +57,50 @@ class _OnHost:
         return self.value.float().item()
 
 
+class _OptimizerSteps:
+    """Optimizer steps begun and ended in this process, counted by torch's
+    global optimizer hooks. A survivor's hand-over needs to know that the
+    state it holds is the state at the end of the last step boundary: no
+    optimizer has moved it since, and none is half-way through moving it."""
+
+    begun = ended = 0
+    _installed = False
+
+    @classmethod
+    def install(cls) -> None:
+        if cls._installed:
+            return
+        cls._installed = True
+
+        def begin(*_):
+            cls.begun += 1
+
+        def end(*_):
+            cls.ended += 1
+
+        register_optimizer_step_pre_hook(begin)
+        register_optimizer_step_post_hook(end)
+
+
+def _sharded(state: Any) -> bool:
+    """Whether `state` is split across ranks (FSDP, DTensor), so that no
+    single rank holds it whole. Looked at in the modules first, since
+    asking a sharded model for its state dict may itself be collective."""
+    from torch.distributed.tensor import DTensor
+
+    from regatta.state import ModelState
+
+    parts = list(state.values()) if isinstance(state, dict) else [state]
+    for part in parts:
+        if isinstance(part, ModelState):
+            if any(isinstance(t, DTensor) or "FullyShardedDataParallel" in type(m).__name__
+                   for m in part.model.modules() for t in m.parameters(recurse=False)):
+                return True
+        elif isinstance(part, DTensor):
+            return True
+    return False
+
+
 def _loggable(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return _OnHost(value) if value.is_cuda else value.detach().float().item()
@@ -74,6 +122,16 @@ class Run:
         self.closed = False
         self._stop_seen = True  # should_stop() runs a boundary of its own when True
         self._armed = False
+        # What a survivor hands over with no code of the program's own
+        # (`hand_over_after`): the state last saved or resumed into, whether
+        # its rank state is the program's (per rank, so lost with the dead
+        # ranks), and the last boundary's step with the optimizer steps ended
+        # by then.
+        self._state: Any = None
+        self._per_rank_state = False
+        self._boundary_at: tuple[int, int] | None = None
+        self._handover_tried = False
+        _OptimizerSteps.install()
 
     # -- who and where ---------------------------------------------------------------
     @property
@@ -161,6 +219,10 @@ class Run:
         self._arm()
         self.step = max(self.step, step)
         self._stop_seen = False
+        # The program calls this at the end of step N: what it holds now is
+        # step N's state, unless an optimizer is half-way through a step.
+        whole = _OptimizerSteps.begun == _OptimizerSteps.ended
+        self._boundary_at = (step, _OptimizerSteps.ended) if whole else None
         decision = self.directives.boundary(step, self.ckpt)
         # Here, on the boundary every rank reaches at the same step, so that a
         # profile covers the same steps everywhere (regatta/profiling.py).
@@ -192,6 +254,8 @@ class Run:
         (the emergency checkpoint) and with `export`; `rank_state` is any
         picklable per-rank object (RNG states, data position). Never raises
         for a failed save: it is reported and retaken (see docs/sdk.md)."""
+        self._state = state
+        self._per_rank_state = self._per_rank_state or rank_state is not None
         if self._saved(step) and (export is None or self._exported(step)):
             return True
         use_async = self.async_checkpoint and not self.stopping and not sync
@@ -211,6 +275,7 @@ class Run:
         `survivor_handover` on the timeline. Never raises: a hand-over that
         fails leaves the newest checkpoint as it was. Returns whether
         step-N is committed now."""
+        self._handover_tried = True
         states = {r: self._rank_state(s) for r, s in rank_states.items()}
         try:
             outcome = self.ckpt.hand_over(step, state, states)
@@ -230,10 +295,41 @@ class Run:
         """Say on the timeline (from each node's first rank) that the state of
         step-N could not be handed over: the relaunch rolls back to the
         newest checkpoint."""
+        self._handover_tried = True
         log.warning("no hand-over of step %d: %s", step, why)
         if self.launch.local_rank == 0:
             self.reporter.event("survivor_handover_failed", f"step-{step}: {why}"[:500],
                                 {"step": step, "rank": self.rank})
+
+    def hand_over_after(self, cause: BaseException) -> None:
+        """The survivor hand-over with no code of the program's own, when a
+        collective raised and nothing caught it: the state last given to
+        `checkpoint` or `resume`, as it was at the last step boundary, is
+        handed over as that step. Only when that is sure: an optimizer has
+        not stepped since the boundary, the state is held whole (not FSDP),
+        and the program keeps no per-rank `rank_state` (which a survivor
+        cannot rebuild for the dead ranks). Otherwise the timeline says why
+        the relaunch rolls back. Nothing happens for a step already saved or
+        resumed from, or when the program handed over itself."""
+        at = self._boundary_at
+        if self._handover_tried or at is None or at[0] == self.ckpt.last_committed:
+            return
+        step, ended = at
+        if self._state is None:
+            why = "the program saves files of its own (checkpoint_files), not a state to hand over"
+        elif _OptimizerSteps.ended != ended or _OptimizerSteps.begun != ended:
+            why = "an optimizer stepped after the step boundary: the state is past that step"
+        elif _OptimizerSteps.ended == 0:
+            why = "no torch optimizer step seen: the end of a step cannot be told"
+        elif self._per_rank_state:
+            why = "the program keeps a rank_state per rank, lost with the dead ranks"
+        elif _sharded(self._state):
+            why = "the state is sharded (FSDP): the dead ranks' shards are lost"
+        else:
+            self.hand_over(step, self._state, dict.fromkeys(range(self.world_size)),
+                           cause=f"{type(cause).__name__}: {cause}")
+            return
+        self.hand_over_impossible(step, why)
 
     def checkpoint_dir(self, step: int) -> Path:
         """A local folder to write step-N's files into, for `checkpoint_files`."""
@@ -292,6 +388,8 @@ class Run:
         is loaded into it in place; without, `Resumed.path` is the step's
         folder (downloaded first from S3). Collective. Sends `started` (with
         `info`) and `resumed` events."""
+        if state is not None:
+            self._state = state
         step = loading.choose(self.ckpt, self.launch.resume_step, self.launch.resume_uri,
                               self._skipped)
         self._main_event("started", f"{self.world_size} ranks, resuming from {step}",
@@ -429,8 +527,9 @@ def init(*, config: Mapping[str, Any] | None = None, checkpoint_every: int | Non
 
 def _report_uncaught(run: Run) -> None:
     """An exception nobody caught ends the rank as the built-in trainer's
-    would: a `crashed` event, the status file, the exit code of its class
-    (84 for a lost peer, 1 for anything else)."""
+    would: a lost peer's first hands over the last step (`hand_over_after`),
+    then a `crashed` event, the status file, the exit code of its class (84
+    for a lost peer, 1 for anything else)."""
     previous = sys.excepthook
 
     def hook(exc_type, exc, tb):
@@ -438,6 +537,8 @@ def _report_uncaught(run: Run) -> None:
         if run.closed or not isinstance(exc, Exception):
             return
         code = rdist.classify(exc)
+        if code == EXIT_COLLECTIVE:
+            run.hand_over_after(exc)
         run.crashed(exc, code)
         run.close(code, f"{exc_type.__name__}: {exc}")
         _exit(code)

@@ -32,6 +32,7 @@ Standard library only at module level: the provider imports this file for
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -245,7 +246,8 @@ def run_module(module: str, *args: str) -> None:
 
     _become_rank(first_on_path=os.getcwd())  # as `python -m` puts it
     sys.argv = [module, *args]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    with _uncaught_as_main():
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
 def run_script(script: str, *args: str) -> None:
@@ -254,7 +256,21 @@ def run_script(script: str, *args: str) -> None:
 
     _become_rank(first_on_path=os.path.dirname(os.path.abspath(script)))
     sys.argv = [script, *args]
-    runpy.run_path(script, run_name="__main__")
+    with _uncaught_as_main():
+        runpy.run_path(script, run_name="__main__")
+
+
+@contextlib.contextmanager
+def _uncaught_as_main():
+    """An exception the program does not catch goes to `sys.excepthook`, then
+    exits 1, as in a `python` a cold torchrun starts. torch's process wrapper
+    would catch it first and exit 1 without the hook, and the SDK's hook is
+    where a rank reports its crash and a survivor hands over its step."""
+    try:
+        yield
+    except Exception:  # noqa: BLE001 - handed to the hook, as the interpreter would
+        sys.excepthook(*sys.exc_info())
+        raise SystemExit(1) from None
 
 
 def _become_rank(first_on_path: str) -> None:

@@ -3,7 +3,10 @@ docs/sdk.md shows it: run under torchrun by the SDK tests.
 
 Environment knobs (the test's, not the SDK's): SDK_STEPS (default 12),
 SDK_SLEEP (seconds per step), SDK_MODE ("dcp": model and optimizer through
-DCP; "files": a torch.save file of its own through checkpoint_files).
+DCP, with each rank's dropout RNG as its rank_state; "stateless": the same
+with no dropout and no rank_state, so a survivor can hand over with no code
+of the program's; "files": a torch.save file of its own through
+checkpoint_files).
 Every rank prints one line per decision, so a test can see that all ranks
 acted at the same step.
 """
@@ -39,7 +42,8 @@ def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
 def main() -> None:
     torch.manual_seed(0)
     run = regatta.init(config={"program": "sdk_program", "steps": STEPS}, keep_last=100)
-    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(0.2),
+    dropout = 0.0 if MODE == "stateless" else 0.2
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(dropout),
                               torch.nn.Linear(32, 1))
     model = DDP(net)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -80,7 +84,8 @@ def resume(run, model, opt, state) -> int:
     resumed = run.resume(state)
     if resumed is None:
         return 0
-    torch.set_rng_state(resumed.rank_state["rng"])
+    if MODE != "stateless":
+        torch.set_rng_state(resumed.rank_state["rng"])
     return resumed.step
 
 
@@ -92,7 +97,8 @@ def save(run, step, state, model, *, emergency: bool, final: bool = False) -> No
         run.checkpoint_files(step)
         return
     export = regatta.Export(model, {"layers": [16, 32, 1]}) if final else None
-    run.checkpoint(step, state, rank_state={"rng": torch.get_rng_state()}, export=export)
+    rank_state = None if MODE == "stateless" else {"rng": torch.get_rng_state()}
+    run.checkpoint(step, state, rank_state=rank_state, export=export)
 
 
 def run_exit() -> None:
