@@ -31,7 +31,7 @@ FIELD_MANAGER = "regatta-testcluster"
 # server validates and admits them but stores nothing, since kwok would only
 # pretend to run a control plane that is not built into an image here.
 RBAC_KINDS = {"Namespace", "ServiceAccount", "Role", "RoleBinding", "ClusterRole",
-              "ClusterRoleBinding", "ConfigMap"}
+              "ClusterRoleBinding", "ConfigMap", "PriorityClass"}
 CONTROL_PLANE_SA = ("regatta", "regatta-control-plane")
 
 

@@ -28,7 +28,7 @@ MODELS = {
     "RoleBinding": "V1RoleBinding", "ClusterRole": "V1ClusterRole",
     "ClusterRoleBinding": "V1ClusterRoleBinding", "ConfigMap": "V1ConfigMap",
     "Secret": "V1Secret", "Deployment": "V1Deployment", "Service": "V1Service",
-    "Job": "V1Job", "Ingress": "V1Ingress",
+    "Job": "V1Job", "Ingress": "V1Ingress", "PriorityClass": "V1PriorityClass",
 }
 
 

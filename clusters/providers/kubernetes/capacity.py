@@ -1,4 +1,5 @@
-"""Capacity for a Karpenter pool, asked for the way Karpenter understands.
+"""Pods that hold a node's capacity for Regatta: capacity pods that ask
+Karpenter for nodes, and standby pods that keep ready spares warm.
 
 Karpenter launches a node only for a pod that is pending for want of one; a
 deleted Node with nothing pending is simply gone, so a pool replacing a bad
@@ -53,34 +54,94 @@ def capacity_pod(pool: PoolInfo, settings: KubeSettings, key: str, *,
     labels = {MANAGED_BY: MANAGER, LABEL_PURPOSE: PURPOSE, LABEL_POOL: pool.name}
     if spare_name:
         labels[LABEL_FOR] = spare_name
-    limits = {GPU: str(pool.gpus_per_node), **cpu_memory(pool, pool.gpus_per_node)}
     # One per node, like the training pods, and never on a node being retired.
     apart = k8s.V1PodAffinityTerm(topology_key=HOSTNAME, label_selector=k8s.V1LabelSelector(
         match_labels={LABEL_PURPOSE: PURPOSE, LABEL_POOL: pool.name}))
-    node_affinity = None
-    if avoid:
-        node_affinity = k8s.V1NodeAffinity(
-            required_during_scheduling_ignored_during_execution=k8s.V1NodeSelector(
-                node_selector_terms=[k8s.V1NodeSelectorTerm(match_expressions=[
-                    k8s.V1NodeSelectorRequirement(key=HOSTNAME, operator="NotIn",
-                                                  values=sorted(avoid))])]))
+    node_affinity = _hostname(pool, "NotIn", avoid) if avoid else None
+    return _holding_pod(
+        pool, settings, pod_name(pool, key), labels,
+        k8s.V1Container(name="pause", image=PAUSE_IMAGE),
+        affinity=k8s.V1Affinity(
+            node_affinity=node_affinity,
+            pod_anti_affinity=k8s.V1PodAntiAffinity(
+                required_during_scheduling_ignored_during_execution=[apart])),
+        priority_class=settings.priority_class)
+
+
+# --- standby pods -----------------------------------------------------------------------
+# A ready spare on Kubernetes is a node kept idle for the next failure. Left
+# empty, it goes cold in two ways: the scheduler may give its GPUs to another
+# pod that tolerates the pool's taints, and the kubelet's image garbage
+# collection may remove the trainer image (minutes to pull again, for a CUDA
+# image). A standby pod on each ready spare keeps both: it requests what a
+# training pod of the pool requests, and runs the trainer image with torch
+# and the SDK imported (their files in the node's page cache), then sleeps.
+# Its PriorityClass is below the training pods' (deploy/base/
+# priorityclass.yaml), so a training pod that lands on the node preempts it;
+# a launch deletes the standby pods of its nodes first, so it never waits
+# for that. What it cannot do is give its started Python to a rank: the
+# PyTorchJob and TrainJob controllers create their own pods
+# (docs/kubernetes.md, "Recovery without a cold start").
+STANDBY = "standby"
+LABEL_STANDBY_FOR = "regatta.io/standby-for"
+STANDBY_SCRIPT = (
+    "import signal\n"
+    "try:\n"
+    "    import torch, regatta  # read once, so the rank that comes finds them cached\n"
+    "except ImportError:\n"
+    "    pass  # an image of the team's own: it is on the node, which is what counts\n"
+    "signal.pause()\n")
+
+
+def standby_selector(pool: PoolInfo) -> str:
+    return f"{MANAGED_BY}={MANAGER},{LABEL_PURPOSE}={STANDBY},{LABEL_POOL}={pool.name}"
+
+
+def standby_name(node: str) -> str:
+    """Stable per node: holding a spare twice is one pod."""
+    return f"regatta-standby-{hashlib.sha256(node.encode()).hexdigest()[:12]}"
+
+
+def standby_pod(pool: PoolInfo, settings: KubeSettings, node: str) -> k8s.V1Pod:
+    labels = {MANAGED_BY: MANAGER, LABEL_PURPOSE: STANDBY, LABEL_POOL: pool.name,
+              LABEL_STANDBY_FOR: node}
+    # Bound by the scheduler, not by nodeName, so that it is counted on the
+    # node and preempted like any pod of lower priority.
+    return _holding_pod(
+        pool, settings, standby_name(node), labels,
+        k8s.V1Container(name="standby", image=settings.standby_image or settings.preflight_image,
+                        command=["python", "-c", STANDBY_SCRIPT]),
+        affinity=k8s.V1Affinity(node_affinity=_hostname(pool, "In", (node,))),
+        priority_class=settings.standby_priority_class)
+
+
+def _hostname(pool: PoolInfo, operator: str, names: tuple[str, ...]) -> k8s.V1NodeAffinity:
+    return k8s.V1NodeAffinity(
+        required_during_scheduling_ignored_during_execution=k8s.V1NodeSelector(
+            node_selector_terms=[k8s.V1NodeSelectorTerm(match_expressions=[
+                k8s.V1NodeSelectorRequirement(key=HOSTNAME, operator=operator,
+                                              values=sorted(names))])]))
+
+
+def _holding_pod(pool: PoolInfo, settings: KubeSettings, name: str, labels: dict,
+                 container: k8s.V1Container, *, affinity: k8s.V1Affinity,
+                 priority_class: str) -> k8s.V1Pod:
+    """A pod that holds a node's GPUs, CPU and memory as a training pod of
+    the pool would, until a training pod needs them."""
+    limits = {GPU: str(pool.gpus_per_node), **cpu_memory(pool, pool.gpus_per_node)}
+    container.resources = k8s.V1ResourceRequirements(limits=limits, requests=dict(limits))
     return k8s.V1Pod(
         api_version="v1", kind="Pod",
-        metadata=k8s.V1ObjectMeta(name=pod_name(pool, key), namespace=settings.namespace,
+        metadata=k8s.V1ObjectMeta(name=name, namespace=settings.namespace,
                                   labels=labels, annotations=dict(DISRUPTION_ANNOTATIONS)),
         spec=k8s.V1PodSpec(
-            containers=[k8s.V1Container(
-                name="pause", image=PAUSE_IMAGE,
-                resources=k8s.V1ResourceRequirements(limits=limits, requests=dict(limits)))],
+            containers=[container],
             # Nothing to save: the GPUs go to a training pod at once.
             termination_grace_period_seconds=0,
             node_selector=dict(pool.node_selector) or None,
             tolerations=_tolerations(pool),
-            affinity=k8s.V1Affinity(
-                node_affinity=node_affinity,
-                pod_anti_affinity=k8s.V1PodAntiAffinity(
-                    required_during_scheduling_ignored_during_execution=[apart])),
-            priority_class_name=settings.priority_class or None,
+            affinity=affinity,
+            priority_class_name=priority_class or None,
             image_pull_secrets=[k8s.V1LocalObjectReference(name=n)
                                 for n in settings.image_pull_secrets] or None,
         ),

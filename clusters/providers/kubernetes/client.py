@@ -275,9 +275,33 @@ class KubernetesProvider:
         return new
 
     def hold_spares(self, pool: PoolInfo, nodes: list[str]) -> None:
-        # Not held here yet: the scheduler may place other pods that
-        # tolerate the GPU taint on an idle spare.
-        return None
+        """A standby pod on each of `nodes`, the pool's ready spares, and on
+        no other node (capacity.py): the spare's GPUs held for Regatta and
+        the trainer image kept on it."""
+        if not self.settings.standbys or pool.settings.node_autoscaler == "karpenter":
+            return
+        held = {}
+        for pod in self._standby_pods(pool):
+            node = (pod["metadata"].get("labels") or {}).get(capacity.LABEL_STANDBY_FOR)
+            if node in nodes and not (pod["metadata"].get("deletionTimestamp")):
+                held[node] = pod
+            else:
+                self._delete_pod(pod["metadata"]["name"], "standby pod")
+        for node in nodes:
+            if node not in held:
+                body = mf.to_dict(capacity.standby_pod(pool, self.settings, node))
+                # 409: one is still going away; the next pass makes it again.
+                self._call(f"create standby pod for {node}", self.core.create_namespaced_pod,
+                           self.ns, body, ok=(409,))
+
+    def _standby_pods(self, pool: PoolInfo) -> list[dict]:
+        return self._json(f"list standby pods of {pool.name}", self.core.list_namespaced_pod,
+                          self.ns, label_selector=capacity.standby_selector(pool)
+                          ).get("items", [])
+
+    def _delete_pod(self, name: str, what: str) -> None:
+        self._call(f"delete {what} {name}", self.core.delete_namespaced_pod, name, self.ns,
+                   grace_period_seconds=0, ok=(404,))
 
     def scaling_status(self, pool: PoolInfo, since) -> ScalingStatus:
         """The Auto Scaling group's account of the asks (aws.py); Karpenter's
@@ -316,15 +340,19 @@ class KubernetesProvider:
         }
 
     def _release_capacity(self, pool: PoolInfo, placed: set[str]) -> None:
-        """Free the GPUs that capacity pods hold on the placed nodes, before
-        the training (or preflight) pods ask for them (capacity.py)."""
-        if pool.settings.node_autoscaler != "karpenter":
-            return
-        for pod in self._capacity_pods(pool):
-            if (pod.get("spec") or {}).get("nodeName") in placed:
-                name = pod["metadata"]["name"]
-                self._call(f"delete capacity pod {name}", self.core.delete_namespaced_pod,
-                           name, self.ns, grace_period_seconds=0, ok=(404,))
+        """Free the GPUs that capacity and standby pods hold on the placed
+        nodes, before the training (or preflight) pods ask for them
+        (capacity.py). A standby is found by the node it stands for, bound
+        yet or not."""
+        if pool.settings.node_autoscaler == "karpenter":
+            for pod in self._capacity_pods(pool):
+                if (pod.get("spec") or {}).get("nodeName") in placed:
+                    self._delete_pod(pod["metadata"]["name"], "capacity pod")
+        if self.settings.standbys:
+            for pod in self._standby_pods(pool):
+                if (pod["metadata"].get("labels") or {}).get(
+                        capacity.LABEL_STANDBY_FOR) in placed:
+                    self._delete_pod(pod["metadata"]["name"], "standby pod")
 
     def _allocatable(self, request: LaunchRequest) -> dict | None:
         """The smallest allocatable among the placed nodes, which sizes the

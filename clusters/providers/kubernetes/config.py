@@ -74,6 +74,13 @@ class KubeSettings:
     preflight: str = setting("allreduce", "allreduce or dcgm-labels", choices=PREFLIGHT_MODES,
                              normalize=_mode)
     preflight_image: str = setting("regatta/trainer:latest", "image of the preflight pods")
+    # A standby pod on each ready spare (capacity.py): the node's GPUs held
+    # for Regatta and the trainer image kept on it. Not on Karpenter pools,
+    # whose spares their capacity pods hold already.
+    standbys: bool = setting(True, "keep a standby pod on each ready spare")
+    standby_image: str = setting("", "image of the standby pods (default: preflight_image)")
+    standby_priority_class: str = setting(
+        "regatta-standby", "PriorityClass of the standby pods, below the training pods'")
     health_conditions: dict[str, str] = setting(
         DEFAULT_HEALTH_CONDITIONS, "Node conditions with the value that means healthy")
     # Node labels a health checker sets, with the value that means healthy.
