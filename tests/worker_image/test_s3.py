@@ -1,11 +1,15 @@
 """S3 checkpoint storage against moto's real server on 127.0.0.1."""
 
 import os
+import signal
 
 import boto3
 import pytest
+import torch
 from regatta import manifest as mf
 from regatta.storage import S3Storage, open_storage
+
+from .helpers import flat_tensors, load_checkpoint
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -95,3 +99,44 @@ def test_the_trainer_saves_to_and_resumes_from_s3(s3_env, launcher, tmp_path):
     assert second.proc.returncode == 0, second.log()[-3000:]
     assert "resumed from s3://ckpts/jobs/7/step-8 (step 8)" in second.log()
     assert store.list_steps() == [12] and store.verify(12) == (True, "ok")
+
+
+def test_one_caller_alone_creates_a_claim_on_s3_and_on_a_file_system(s3_env, tmp_path):
+    for store in (open_storage("s3://ckpts/unit/claims"), open_storage(str(tmp_path / "fs"))):
+        assert store.create_once("step-7/.handover-claim", b"rank 0\n") is True
+        assert store.create_once("step-7/.handover-claim", b"rank 1\n") is False
+        assert store.read_bytes("step-7/.handover-claim") == b"rank 0\n"  # the first one's
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_survivor_hands_over_the_last_completed_step_to_s3(s3_env, launcher, tmp_path):
+    """As on a shared file system (test_resume.py): a rank SIGKILLed, the
+    survivor writes the step it completed, with no collective, through the
+    step's claim object; a run resumed from it ends bitwise equal to one
+    never interrupted."""
+    config = {"max_steps": 16, "checkpoint_every_steps": 4, "keep_last": 10, "dropout": 0.1}
+    reference = launcher.run(config, tmp_path / "reference")
+    assert reference.proc.returncode == 0, reference.log()[-3000:]
+    uri = "s3://ckpts/jobs/handover"
+    run = launcher.start({**config, "step_sleep_s": 0.15}, uri, env=s3_env)
+    run.wait_for(lambda: "step 10 loss" in run.log(), timeout=60, what="step 10")
+    os.kill(max(run.ranks()), signal.SIGKILL)
+    run.wait(60)
+
+    store = open_storage(uri)
+    handed = store.committed_steps()[-1]
+    assert handed >= 10, (store.committed_steps(), run.log()[-3000:])
+    assert f"checkpoint step-{handed} handed over by rank 0" in run.log()
+    assert store.verify(handed) == (True, "ok")
+    assert store.read_bytes(f"step-{handed}/.handover-claim") == b"rank 0\n"
+
+    resumed = launcher.run(config, uri, env=s3_env)
+
+    assert resumed.proc.returncode == 0, resumed.log()[-3000:]
+    assert f"step-{handed} (step {handed})" in resumed.log()
+    a = flat_tensors(load_checkpoint(tmp_path / "reference" / "step-16", tmp_path / "a.pt"))
+    b_dir = store.download_step(16, tmp_path / "resumed-16")
+    b = flat_tensors(load_checkpoint(b_dir, tmp_path / "b.pt"))
+    assert a.keys() == b.keys() and any(k.startswith("optim.") for k in a)
+    assert [k for k in a if not torch.equal(a[k], b[k])] == []

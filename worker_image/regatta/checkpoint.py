@@ -51,6 +51,8 @@ log = logging.getLogger("regatta.checkpoint")
 
 STATE_DIR = "trainer_state"
 CONFIG_FILE = "config.json"
+# In a step folder on object storage: which survivor writes a hand-over.
+HANDOVER_CLAIM = ".handover-claim"
 
 
 @dataclass
@@ -347,21 +349,22 @@ class Checkpointer:
         """Write step-N from this process alone, with no collective: a
         survivor's save after a peer died, of state this rank holds whole
         (DDP's replicated model and optimizer) with every rank's rank
-        state, which the caller rebuilt. Survivors may race: each writes a
-        folder of its own beside the step's, with manifest and marker, and
-        renames it into place; the first rename wins.
+        state, which the caller rebuilt. Survivors may race, and one alone
+        may write step-N: each writes a folder of its own first; on a file
+        system the first to rename it into place wins, on object storage the
+        first to create the step's claim object (a conditional write) uploads.
 
         Returns "written" (this rank's folder is step-N), "taken" (step-N
-        was committed already, by a peer or a save), or why nothing was
-        written. Only on a file system the nodes share: object storage has
-        no atomic rename to settle the race."""
-        final = self.storage.local_dir(step)
-        if final is None:
-            return "object storage: no atomic rename to settle which survivor writes"
+        was committed already, or another survivor won), or why nothing
+        was written."""
         if self.storage.is_committed(step):
             return "taken"
         started = time.monotonic()
-        mine = final.parent / f".{final.name}.handover-{self.d.rank}-{os.getpid()}"
+        final = self.storage.local_dir(step)
+        # Beside the step's folder, so that the rename stays on one file
+        # system; in the staging folder when the step is uploaded.
+        root = final.parent if final is not None else self.staging_root
+        mine = root / f".{step_name(step)}.handover-{self.d.rank}-{os.getpid()}"
         shutil.rmtree(mine, ignore_errors=True)
         mine.mkdir(parents=True)
         try:
@@ -379,7 +382,9 @@ class Checkpointer:
             manifest_bytes = mf.build_manifest(step, entries)
             (mine / mf.MANIFEST).write_bytes(manifest_bytes)
             (mine / mf.MARKER).write_bytes(mf.marker_for(manifest_bytes))
-            if not _publish(mine, final):
+            published = (_publish(mine, final) if final is not None
+                         else self._upload_claimed(step, mine, files))
+            if not published:
                 return "taken"
         finally:
             shutil.rmtree(mine, ignore_errors=True)
@@ -390,6 +395,22 @@ class Checkpointer:
                  self.d.rank, size, save_s)
         self.last_committed = step
         return "written"
+
+    def _upload_claimed(self, step: int, folder: Path, files: list[str]) -> bool:
+        """Upload a survivor's step-N to object storage, which has no rename
+        to settle a race: the survivor that creates the step's claim object
+        first uploads, the others stand down. The manifest, then the marker,
+        go last, as in every save: a survivor that dies half-way leaves a
+        step that never committed, and the relaunch resumes from the one
+        before."""
+        prefix = step_name(step)
+        if not self.storage.create_once(f"{prefix}/{HANDOVER_CLAIM}",
+                                        f"rank {self.d.rank}\n".encode()):
+            return False
+        self.storage.upload_dir(folder, step, files)
+        self.storage.upload_file(folder / mf.MANIFEST, f"{prefix}/{mf.MANIFEST}")
+        self.storage.upload_file(folder / mf.MARKER, f"{prefix}/{mf.MARKER}")
+        return True
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

@@ -101,6 +101,11 @@ class Storage:
         """A directory DCP can write into directly, or None (stage and upload)."""
         return None
 
+    def create_once(self, key: str, data: bytes) -> bool:
+        """Write `key` only if no object has that name yet, atomically: True
+        for the one caller that created it, False for every other."""
+        raise NotImplementedError
+
     # -- shared logic -------------------------------------------------------
     def step_uri(self, step: int) -> str:
         return f"{self.uri.rstrip('/')}/{step_name(step)}"
@@ -246,6 +251,17 @@ class LocalStorage(Storage):
         Path(local).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(self._path(key), local)
 
+    def create_once(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return True
+
     def local_dir(self, step: int) -> Path:
         return self._path(step_name(step))
 
@@ -281,6 +297,21 @@ class S3Storage(Storage):
     def write_bytes(self, key: str, data: bytes) -> None:
         self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data,
                                ChecksumAlgorithm="SHA256")
+
+    def create_once(self, key: str, data: bytes) -> bool:
+        """S3's conditional write (`If-None-Match: *`): 412 when the object
+        exists, 409 when a concurrent conditional write to it is under way."""
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data,
+                                   IfNoneMatch="*")
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in (
+                    "PreconditionFailed", "ConditionalRequestConflict"):
+                return False
+            raise
+        return True
 
     def size(self, key: str) -> int | None:
         from botocore.exceptions import ClientError
