@@ -289,8 +289,12 @@ def paired(injections: int, workdir: Path, preflight: bool,
     """Both gangs train side by side; each injection SIGKILLs rank 1 of both
     in the same instant, so the two recoveries share the machine's load."""
     base = BaselineGang(workdir)
-    job, cluster, stop = start_control_plane(workdir, injections + 1, TRAINER,
-                                             preflight=preflight)
+    try:
+        job, cluster, stop = start_control_plane(workdir, injections + 1, TRAINER,
+                                                 preflight=preflight)
+    except BaseException:
+        base.stop()  # a control plane that never came up (no database, say)
+        raise
     from clusters.providers import get_provider
 
     provider = get_provider(cluster)

@@ -106,6 +106,18 @@ class Fleet:
             names.append(body["metadata"]["name"])
         return names
 
+    def register(self, pool: Pool, name: str, provider_id: str) -> str:
+        """The node of one cloud instance of `pool`, as its kubelet registers
+        it: named and identified as the cloud says (an Auto Scaling group's
+        instance, its private DNS name and `aws:///zone/i-...`)."""
+        body = node_manifest(pool, 0)
+        body["metadata"]["name"] = name
+        body["metadata"]["labels"]["kubernetes.io/hostname"] = name
+        body["spec"]["providerID"] = provider_id
+        body["status"]["addresses"][1]["address"] = name
+        self.core.create_node(body)
+        return name
+
     def ready(self, name: str) -> bool:
         node = self.core.read_node(name)
         return any(c.type == "Ready" and c.status == "True"

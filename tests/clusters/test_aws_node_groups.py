@@ -1,8 +1,9 @@
 """Node replacement through EC2 Auto Scaling and spot interruption notices.
 
 AWS cannot be reached from here: moto's server on 127.0.0.1 stands in for
-it (real HTTP, real boto3), and tests/support/k8s_standin.py stands in for
-the Kubernetes API server where the two meet.
+it (real HTTP, real boto3). Where it meets Kubernetes, the API server is the
+real test cluster's (tests/support/kube_cluster.py), with kwok nodes
+registered as the group's instances.
 """
 
 import json
@@ -11,12 +12,14 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from kubernetes import client as k8s
 
 from clusters.providers.kubernetes import KubernetesProvider, KubeSettings
 from clusters.providers.kubernetes.aws_node_groups import SPOT_WARNING, AwsNodeGroups, instance_id
 from controlplane.lib.errors import PermanentError
+from testcluster import bootstrap
+from testcluster.fleet import Pool
 from tests.clusters.test_kubernetes_manifests import make_pool
-from tests.support import k8s_standin as st
 from tests.support.asg_standin import AsgStandIn, activity, insufficient_capacity
 from tests.support.aws_standin import (  # noqa: F401  (fixtures)
     REGION,
@@ -224,12 +227,39 @@ def test_a_pool_without_a_queue_has_no_spot_signals(aws, node_groups, group):  #
     assert node_groups.spot_signals(make_pool()) == []
 
 
-# --- where Kubernetes meets AWS ----------------------------------------------------
+# --- where Kubernetes meets AWS: the real test cluster -------------------------------
 
-def kube_with_aws(standin, url):
+def kube_with_aws(world, url):
+    """The provider as the control plane runs it: deploy/'s ServiceAccount
+    token on the test cluster, AWS at moto's server."""
     return KubernetesProvider(
-        standin.api_client(), KubeSettings(),
+        bootstrap.api_client(world.regatta_kubeconfig), KubeSettings(request_timeout_s=10),
         aws_factory=lambda: node_groups_at(url))
+
+
+def group_nodes(group):
+    """The kwok nodes of a node group named as the test's Auto Scaling group."""
+    return Pool(name=group, size=0)
+
+
+def kube_pool(group, **settings):
+    return make_pool(node_selector=group_nodes(group).selector,
+                     settings={"asg_name": group, **settings})
+
+
+def register(world, group, name, instance):
+    world.made_nodes.append(world.fleet.register(group_nodes(group), name,
+                                                 f"aws:///us-east-1a/{instance}"))
+    eventually(lambda: world.fleet.ready(name), timeout=30, interval=0.1,
+               what=f"kwok to make {name} ready")
+
+
+def node_gone(world, name) -> bool:
+    try:
+        world.core.read_node(name)
+    except k8s.ApiException as exc:
+        return exc.status == 404
+    return False
 
 
 def private_dns(url, instance):
@@ -237,64 +267,75 @@ def private_dns(url, instance):
         "Reservations"][0]["Instances"][0]["PrivateDnsName"]
 
 
-def test_kubernetes_replaces_through_the_group_then_deletes_the_node(aws, group):  # noqa: F811
+@pytest.mark.slow
+def test_kubernetes_replaces_through_the_group_then_deletes_the_node(
+        aws, group, kube_world):  # noqa: F811
     """An EKS managed node group's kubelet re-registers a deleted Node: the
-    instance must go through the group first, and the Node after it."""
+    instance goes through the group (terminated, the group's successor
+    launched), and the Node object is deleted."""
     failed = make_group(aws, group)[0]
-    with st.K8sStandIn() as standin:
-        standin.put(st.NODES, st.node("ip-10-0-0-9.ec2.internal", instance=failed))
-        provider = kube_with_aws(standin, aws)
-        node = provider.replace(asg_pool(group), "ip-10-0-0-9.ec2.internal")
-        assert instance_id(node.provider_id) in group_instances(aws, group)
-        assert failed not in group_instances(aws, group) and desired(aws, group) == 2
-        assert [c.path for c in standin.calls("DELETE")] == [
-            f"{st.NODES}/ip-10-0-0-9.ec2.internal"]
-        assert standin.get(st.NODES, "ip-10-0-0-9.ec2.internal") is None
-        members = group_instances(aws, group)
-        assert provider.replace(asg_pool(group), "ip-10-0-0-9.ec2.internal") is None
-        assert group_instances(aws, group) == members  # a repeat terminates nothing more
+    name = private_dns(aws, failed)
+    register(kube_world, group, name, failed)
+    provider = kube_with_aws(kube_world, aws)
+
+    node = provider.replace(kube_pool(group), name)
+
+    assert instance_id(node.provider_id) in group_instances(aws, group)
+    assert failed not in group_instances(aws, group) and desired(aws, group) == 2
+    assert node_gone(kube_world, name)
+    members = group_instances(aws, group)
+    assert provider.replace(kube_pool(group), name) is None
+    assert group_instances(aws, group) == members  # a repeat terminates nothing more
 
 
-def test_kubernetes_replaces_an_instance_whose_node_object_is_gone(aws, group):  # noqa: F811
+@pytest.mark.slow
+def test_kubernetes_replaces_an_instance_whose_node_object_is_gone(
+        aws, group, kube_world):  # noqa: F811
     """The Node object vanished (deleted, or never registered) while its
     instance stays in the group: found by the node's name, it is terminated
-    all the same, so the group brings up another."""
+    all the same, so the group brings up another; the Node's 404s (read,
+    then the delete that would clear one left behind) are no error."""
     ids = make_group(aws, group)
     lost = private_dns(aws, ids[0])
-    with st.K8sStandIn() as standin:
-        provider = kube_with_aws(standin, aws)
-        node = provider.replace(asg_pool(group), lost)
-        assert node is not None and instance_id(node.provider_id) not in ids
-        after = group_instances(aws, group)
-        assert ids[0] not in after and ids[1] in after and len(after) == 2
-        # Read (404), then the delete that would clear a Node left behind (404).
-        assert [c.method for c in standin.calls(path=f"{st.NODES}/{lost}")] == ["GET", "DELETE"]
+    provider = kube_with_aws(kube_world, aws)
+
+    node = provider.replace(kube_pool(group), lost)
+
+    assert node is not None and instance_id(node.provider_id) not in ids
+    after = group_instances(aws, group)
+    assert ids[0] not in after and ids[1] in after and len(after) == 2
+    assert node_gone(kube_world, lost)
 
 
-def test_an_instance_not_yet_registered_is_listed_not_ready(aws, group):  # noqa: F811
+@pytest.mark.slow
+def test_an_instance_not_yet_registered_is_listed_not_ready(aws, group, kube_world):  # noqa: F811
     """A spare or replacement still booting is the pool's: listed, so the
     reconciler keeps its row, but not ready until its Node registers."""
     ids = make_group(aws, group)
-    with st.K8sStandIn() as standin:
-        standin.put(st.NODES, st.node(private_dns(aws, ids[0]), instance=ids[0],
-                                      labels={"eks.amazonaws.com/nodegroup": "h100"}))
-        nodes = {n.name: n for n in kube_with_aws(standin, aws).list_nodes(asg_pool(group))}
-        assert set(nodes) == {private_dns(aws, i) for i in ids}
-        assert nodes[private_dns(aws, ids[0])].ready is True
-        booting = nodes[private_dns(aws, ids[1])]
-        assert booting.ready is False and instance_id(booting.provider_id) == ids[1]
+    register(kube_world, group, private_dns(aws, ids[0]), ids[0])
+
+    nodes = {n.name: n for n in kube_with_aws(kube_world, aws).list_nodes(kube_pool(group))}
+
+    assert set(nodes) == {private_dns(aws, i) for i in ids}
+    assert nodes[private_dns(aws, ids[0])].ready is True
+    booting = nodes[private_dns(aws, ids[1])]
+    assert booting.ready is False and instance_id(booting.provider_id) == ids[1]
 
 
-def test_kubernetes_health_includes_spot_notices_from_the_queue(aws, group):  # noqa: F811
+@pytest.mark.slow
+def test_kubernetes_health_includes_spot_notices_from_the_queue(
+        aws, group, kube_world):  # noqa: F811
     ids = make_group(aws, group)
     sqs = client("sqs", aws)
     url = sqs.create_queue(QueueName=unique("spot"))["QueueUrl"]
     sqs.send_message(QueueUrl=url, MessageBody=spot_event(ids[1]))
-    with st.K8sStandIn() as standin:
-        standin.put(st.NODES, st.node("n1", labels={"eks.amazonaws.com/nodegroup": "h100"}))
-        provider = kube_with_aws(standin, aws)
-        (signal,) = provider.health_signals(asg_pool(group, spot_queue_url=url))
-        assert signal.kind == "spot_notice" and ids[1] in signal.evidence["provider_id"]
+    register(kube_world, group, private_dns(aws, ids[0]), ids[0])
+    provider = kube_with_aws(kube_world, aws)
+
+    signals = provider.health_signals(kube_pool(group, spot_queue_url=url))
+
+    (signal,) = [s for s in signals if s.kind == "spot_notice"]
+    assert ids[1] in signal.evidence["provider_id"]
 
 
 def sns_envelope(event: str) -> str:

@@ -1,12 +1,13 @@
 """The real cluster reconciler replacing nodes of an Auto Scaling group.
 
-Neither AWS nor a Kubernetes API server can run here: moto's server on
-127.0.0.1 stands in for EC2 Auto Scaling, EC2 and SQS (real HTTP, real
-boto3; it launches a new instance when one is terminated without lowering
-the desired capacity, as AWS does), and tests/support/k8s_standin.py for the
-API server. clusters.reconcile.reconcile_cluster_unlocked runs as in production
-against a real database; the test plays the kubelet by registering a new
-instance's Node once it "boots". What moto's Auto Scaling lacks (scaling
+AWS cannot run here: moto's server on 127.0.0.1 stands in for EC2 Auto
+Scaling, EC2 and SQS (real HTTP, real boto3; it launches a new instance when
+one is terminated without lowering the desired capacity, as AWS does). The
+Kubernetes side is the real test cluster (tests/support/kube_cluster.py),
+reached with deploy/'s ServiceAccount token. clusters.reconcile.
+reconcile_cluster_unlocked runs as in production against a real database;
+the test plays the kubelet by registering a new instance's Node (a kwok
+node) once it "boots". What moto's Auto Scaling lacks (scaling
 activities, termination lifecycle hooks holding an instance in
 `Terminating:Wait`, `CompleteLifecycleAction`, a group that cannot launch)
 is served by tests/support/asg_standin.py, a proxy in front of moto's
@@ -19,9 +20,16 @@ from django.utils import timezone
 from clusters.models import Cluster, Node, NodeHealthEvent, NodePool
 from clusters.providers.kubernetes.aws_node_groups import instance_id
 from clusters.reconcile import reconcile_cluster_unlocked, scaling
-from tests.clusters.test_aws_node_groups import counts, desired, queue, sns_envelope, spot_event
+from testcluster.fleet import Pool
+from tests.clusters.test_aws_node_groups import (
+    counts,
+    desired,
+    node_gone,
+    queue,
+    sns_envelope,
+    spot_event,
+)
 from tests.fleet_helpers import later
-from tests.support import k8s_standin as st
 from tests.support.asg_standin import AsgStandIn, activity, insufficient_capacity
 from tests.support.aws_standin import (  # noqa: F401  (fixtures)
     REGION,
@@ -32,14 +40,9 @@ from tests.support.aws_standin import (  # noqa: F401  (fixtures)
     moto_url,
     unique,
 )
+from tests.support.waiting import eventually
 
-GROUP = {"eks.amazonaws.com/nodegroup": "h100"}
-
-
-@pytest.fixture
-def standin():
-    with st.K8sStandIn() as server:
-        yield server
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 def instances(url, ids):
@@ -47,10 +50,16 @@ def instances(url, ids):
     return {i["InstanceId"]: i for r in reply["Reservations"] for i in r["Instances"]}
 
 
-def register(standin, url, ids):
-    """The kubelet of each instance registers its Node, named as EKS names it."""
+def register(world, group, url, ids):
+    """The kubelet of each instance registers its Node, named as EKS names it
+    and labelled with its node group."""
+    names = []
     for iid, inst in instances(url, ids).items():
-        standin.put(st.NODES, st.node(inst["PrivateDnsName"], instance=iid, labels=GROUP))
+        zone = inst["Placement"]["AvailabilityZone"]
+        names.append(world.fleet.register(group, inst["PrivateDnsName"], f"aws:///{zone}/{iid}"))
+        world.made_nodes.append(names[-1])
+    eventually(lambda: all(world.fleet.ready(n) for n in names), timeout=30, interval=0.1,
+               what="kwok to make the instances' nodes ready")
 
 
 @pytest.fixture
@@ -60,34 +69,37 @@ def asg(aws):  # noqa: F811
 
 
 @pytest.fixture
-def fleet(db, aws, standin, asg):  # noqa: F811
+def fleet(db, aws, kube_world, asg):  # noqa: F811
     """A Kubernetes cluster whose pool is an Auto Scaling group of three:
-    two working nodes and a spare, all registered and ready."""
+    two working nodes and a spare, all registered and ready. The node group
+    is named as the Auto Scaling group, so a test's nodes are its own on a
+    cluster the session shares."""
     group = unique("h100-nodes")
+    nodes = Pool(name=group, size=0)
     ids = make_group(aws, group, size=3, max_size=6)
     sqs, spot_url = queue(aws)
     cluster = Cluster.objects.create(
         name=unique("eks"), provider=Cluster.Provider.KUBERNETES,
-        settings={"api_url": standin.url, "request_timeout_s": 5, "region": REGION,
-                  "endpoint_url": asg.url, "preflight": "dcgm-labels"},
+        settings={"kubeconfig": str(kube_world.regatta_kubeconfig), "request_timeout_s": 5,
+                  "region": REGION, "endpoint_url": asg.url, "preflight": "dcgm-labels"},
     )
     pool = NodePool.objects.create(
         cluster=cluster, name="h100", instance_type="p5.48xlarge", gpus_per_node=8, size=2,
-        spare_count=1, node_selector=GROUP,
+        spare_count=1, node_selector=nodes.selector,
         settings={"asg_name": group, "spot_queue_url": spot_url},
     )
-    register(standin, aws, ids)
+    register(kube_world, nodes, aws, ids)
     now = timezone.now()
     reconcile_cluster_unlocked(cluster.id, now)
-    return {"cluster": cluster, "pool": pool, "group": group, "ids": ids, "now": now,
-            "sqs": sqs, "spot_url": spot_url}
+    return {"cluster": cluster, "pool": pool, "group": group, "nodes": nodes, "ids": ids,
+            "now": now, "sqs": sqs, "spot_url": spot_url, "world": kube_world}
 
 
 def by_instance(cluster):
     return {instance_id(n.provider_id): n for n in Node.objects.filter(cluster=cluster)}
 
 
-def check_replaced(aws, standin, fleet, old, before, now):  # noqa: F811
+def check_replaced(aws, fleet, old, before, now):  # noqa: F811
     """The old node retired, its instance terminated without shrinking the
     group, and the group's new instance (not among `before`) a new spare row,
     which turns ready once it registers and not before."""
@@ -99,7 +111,7 @@ def check_replaced(aws, standin, fleet, old, before, now):  # noqa: F811
     assert gone not in members
     assert len(members) == len(before) and desired(aws, group) == len(before)
     assert instances(aws, [gone])[gone]["State"]["Name"] in ("shutting-down", "terminated")
-    assert standin.get(st.NODES, old.name) is None
+    assert node_gone(fleet["world"], old.name)
 
     (fresh_id,) = set(members) - set(before)
     new = by_instance(cluster)[fresh_id]
@@ -111,7 +123,7 @@ def check_replaced(aws, standin, fleet, old, before, now):  # noqa: F811
     reconcile_cluster_unlocked(cluster.id, later(now, 30))
     new.refresh_from_db()
     assert new.state == Node.State.PROVISIONING
-    register(standin, aws, [fresh_id])
+    register(fleet["world"], fleet["nodes"], aws, [fresh_id])
     reconcile_cluster_unlocked(cluster.id, later(now, 60))
     new.refresh_from_db()
     assert new.state == Node.State.READY and new.is_spare
@@ -124,7 +136,7 @@ def test_the_pool_starts_as_two_working_nodes_and_a_spare(fleet):
     assert sorted(n.is_spare for n in rows.values()) == [False, False, True]
 
 
-def test_an_operators_replacement_goes_through_the_auto_scaling_group(aws, standin, fleet):  # noqa: F811
+def test_an_operators_replacement_goes_through_the_auto_scaling_group(aws, fleet):  # noqa: F811
     cluster, now = fleet["cluster"], fleet["now"]
     old = Node.objects.filter(cluster=cluster, is_spare=False).order_by("name").first()
     Node.objects.filter(pk=old.pk).update(replace_requested_at=now)
@@ -133,17 +145,17 @@ def test_an_operators_replacement_goes_through_the_auto_scaling_group(aws, stand
 
     promoted = Node.objects.get(cluster=cluster, replaces=old)
     assert not promoted.is_spare and promoted.state == Node.State.READY
-    check_replaced(aws, standin, fleet, old, fleet["ids"], later(now, 1))
+    check_replaced(aws, fleet, old, fleet["ids"], later(now, 1))
     assert Node.objects.filter(cluster=cluster, state=Node.State.READY).count() == 3
 
 
-def test_a_node_whose_node_object_vanished_is_still_replaced(aws, standin, fleet):  # noqa: F811
+def test_a_node_whose_node_object_vanished_is_still_replaced(aws, fleet):  # noqa: F811
     """The Node object went (deleted by hand, or the kubelet lost its
     registration) while the instance runs on in the group: the instance must
     still be terminated, or the group never brings up another."""
     cluster, now = fleet["cluster"], fleet["now"]
     old = Node.objects.filter(cluster=cluster, is_spare=False).order_by("name").first()
-    del standin.store[st.NODES][old.name]
+    fleet["world"].core.delete_node(old.name)
 
     reconcile_cluster_unlocked(cluster.id, later(now, 1))
     old.refresh_from_db()
@@ -157,10 +169,10 @@ def test_a_node_whose_node_object_vanished_is_still_replaced(aws, standin, fleet
 
     reconcile_cluster_unlocked(cluster.id, later(now, 2))
 
-    check_replaced(aws, standin, fleet, old, before, later(now, 2))
+    check_replaced(aws, fleet, old, before, later(now, 2))
 
 
-def test_a_spot_notice_for_an_idle_node_replaces_it(aws, standin, fleet):  # noqa: F811
+def test_a_spot_notice_for_an_idle_node_replaces_it(aws, fleet):  # noqa: F811
     cluster, now, sqs, url = fleet["cluster"], fleet["now"], fleet["sqs"], fleet["spot_url"]
     old = Node.objects.filter(cluster=cluster, is_spare=False).order_by("name").first()
     sqs.send_message(QueueUrl=url, MessageBody=spot_event(instance_id(old.provider_id)))
@@ -172,19 +184,17 @@ def test_a_spot_notice_for_an_idle_node_replaces_it(aws, standin, fleet):  # noq
     assert event.handled_at is not None
     assert event.evidence["detail"]["instance-action"] == "terminate"
     assert counts(sqs, url) == (0, 0)
-    check_replaced(aws, standin, fleet, old, fleet["ids"], later(now, 1))
+    check_replaced(aws, fleet, old, fleet["ids"], later(now, 1))
     assert NodeHealthEvent.objects.filter(node__cluster=cluster).count() == 1
 
 
-def test_an_sns_wrapped_notice_and_the_nth_taint_are_one_interruption(aws, standin, fleet):  # noqa: F811
+def test_an_sns_wrapped_notice_and_the_nth_taint_are_one_interruption(aws, fleet):  # noqa: F811
     """EventBridge -> SNS -> SQS, and Node Termination Handler's taint on the
     same node (TAINT_NODE=true): one health event, one replacement."""
     cluster, now, sqs, url = fleet["cluster"], fleet["now"], fleet["sqs"], fleet["spot_url"]
     old = Node.objects.filter(cluster=cluster, is_spare=False).order_by("name").first()
     iid = instance_id(old.provider_id)
-    standin.get(st.NODES, old.name)["spec"]["taints"] = [
-        {"key": "aws-node-termination-handler/spot-itn", "value": "1700000000",
-         "effect": "NoSchedule", "timeAdded": "2026-01-05T10:00:02Z"}]
+    fleet["world"].fleet.taint(old.name, value="1700000000")
     sqs.send_message(QueueUrl=url, MessageBody=sns_envelope(spot_event(iid)))
 
     reconcile_cluster_unlocked(cluster.id, later(now, 1))
@@ -192,7 +202,7 @@ def test_an_sns_wrapped_notice_and_the_nth_taint_are_one_interruption(aws, stand
     (event,) = NodeHealthEvent.objects.filter(node=old)
     assert event.kind == "spot_notice" and event.evidence["key"] == f"spot-interruption/{iid}"
     assert counts(sqs, url) == (0, 0)
-    check_replaced(aws, standin, fleet, old, fleet["ids"], later(now, 1))
+    check_replaced(aws, fleet, old, fleet["ids"], later(now, 1))
     assert NodeHealthEvent.objects.filter(node__cluster=cluster).count() == 1
 
 
@@ -205,7 +215,7 @@ def working(cluster):
 
 
 def test_a_replacement_never_sleeps_and_a_successor_not_launched_yet_joins_later(
-        aws, standin, asg, fleet, monkeypatch):  # noqa: F811
+        aws, asg, fleet, monkeypatch):  # noqa: F811
     """AWS takes a while to launch the successor (the stand-in holds it back):
     the pass terminates and moves on without sleeping, asks for no extra spare
     while the group is short, and a later pass finds the successor as a spare."""
@@ -233,7 +243,7 @@ def test_a_replacement_never_sleeps_and_a_successor_not_launched_yet_joins_later
     assert desired(aws, group) == 3 and slept == []
 
 
-def test_a_failed_launch_is_an_event_a_condition_and_a_backoff(aws, standin, asg, fleet):  # noqa: F811
+def test_a_failed_launch_is_an_event_a_condition_and_a_backoff(aws, asg, fleet):  # noqa: F811
     cluster, group, now, pool = fleet["cluster"], fleet["group"], fleet["now"], fleet["pool"]
     first, second = working(cluster)
     Node.objects.filter(pk=first.pk).update(replace_requested_at=now)
@@ -283,7 +293,7 @@ def test_a_failed_launch_is_an_event_a_condition_and_a_backoff(aws, standin, asg
 
 
 def test_a_termination_hook_is_completed_for_our_drained_node_only(
-        aws, standin, asg, fleet, monkeypatch):  # noqa: F811
+        aws, asg, fleet, monkeypatch):  # noqa: F811
     """With a termination lifecycle hook the group holds a terminated instance
     in Terminating:Wait (up to the hook's timeout). Ours is let go once no gang
     is on its node; another controller's is never touched."""

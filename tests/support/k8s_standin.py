@@ -9,9 +9,7 @@
 - Kueue's Workloads and Volcano's PodGroups (neither project, nor its CRDs,
   is among testcluster/'s modules) and kubelet states kwok has no stage for
   (CreateContainerConfigError, a registry's 429, ContainerCreating),
-  test_kubernetes_start_issues.py;
-- the EKS node-group side of test_aws_node_groups.py and test_aws_reconcile.py,
-  not moved yet.
+  test_kubernetes_start_issues.py.
 
 Everything else runs on the real cluster. This one speaks just
 enough of the protocol over real HTTP (http.server on 127.0.0.1, port 0):
@@ -421,18 +419,6 @@ def waiting_pod(job: str, replica_type: str, index: int, *, node_name: str, reas
     return obj
 
 
-def unschedulable_pod(job: str, replica_type: str, index: int, *, message: str,
-                      namespace: str = "regatta-training") -> dict:
-    """A pod the scheduler could not place: no nodeName, PodScheduled=False."""
-    obj = pod(job, replica_type, index, node_name="", phase="Pending", namespace=namespace)
-    del obj["spec"]["nodeName"]
-    obj["status"]["conditions"] = [{
-        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-        "message": message, "lastProbeTime": None,
-        "lastTransitionTime": "2026-01-01T00:00:01Z"}]
-    return obj
-
-
 def kueue_workloads(ns: str) -> str:
     return f"/apis/kueue.x-k8s.io/v1beta1/namespaces/{ns}/workloads"
 
@@ -517,31 +503,3 @@ def podgroup(job: dict, *, phase: str = "Pending", message: str = "") -> dict:
                  "queue": policy.get("queue", "default")},
         "status": {"phase": phase, "conditions": conditions},
     }
-
-
-def karpenter(standin: K8sStandIn, labels: dict, *, gpus: int = 8, prefix: str = "karp"):
-    """Play Karpenter for one NodePool: a pending pod that selects the pool's
-    `labels` gets a new node, which registers with those labels, and the
-    scheduler binds the pod to it. A deleted Node is gone (Karpenter's
-    finalizer terminates its instance) and nothing replaces it unless a pod
-    is pending. Returns the names of the nodes launched, in order."""
-    launched: list[str] = []
-
-    def hook(method, collection, obj):
-        if method != "POST" or not collection.endswith("/pods"):
-            return
-        spec = obj.get("spec") or {}
-        wanted = spec.get("nodeSelector") or {}
-        if spec.get("nodeName") or not wanted or any(labels.get(k) != v
-                                                     for k, v in wanted.items()):
-            return
-        name = f"{prefix}-{len(launched)}"
-        launched.append(name)
-        standin.put(NODES, node(name, gpus=gpus, labels=dict(labels),
-                                instance=f"i-0k{len(launched):015x}"))
-        spec["nodeName"] = name
-        obj["status"] = {"phase": "Running", "conditions": [
-            {"type": "PodScheduled", "status": "True",
-             "lastTransitionTime": "2026-01-01T00:01:00Z"}]}
-    standin.hooks.append(hook)
-    return launched
