@@ -92,7 +92,8 @@ kube-down:
 	$(PY) -m testcluster down --state $(KUBE_STATE)
 
 # A real Slurm on this machine (slurmcluster/, docs/slurm.md) from Debian's
-# packages: munged, slurmctld and six slurmds on loopback ports, as root.
+# packages: munged, MariaDB and slurmdbd (sacct), slurmctld and six slurmds
+# on loopback ports, as root.
 SLURM_STATE ?= $(CURDIR)/.regatta/slurm
 
 slurm-up: install

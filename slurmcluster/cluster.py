@@ -1,14 +1,15 @@
 """Starts and stops a one-machine Slurm in a state folder.
 
-munged (as the munge user, with its own key and socket), slurmctld and one
-`slurmd -N nX` per emulated node, all in the foreground of processes this
-module starts in sessions of their own, like testcluster/cluster.py: logs in
-`<state>/log/`, pids in `<state>/pids/` (with the binary, so a pid reused
-after a crash is never signalled), so `down` or the next `up` stops exactly
-what this folder started. Every port is a free loopback port picked at `up`.
+munged (as the munge user, with its own key and socket), the accounting
+(MariaDB as the mysql user, with its data in the folder, and slurmdbd: what
+`sacct` reads), slurmctld and one `slurmd -N nX` per emulated node, all in
+the foreground of processes this module starts in sessions of their own,
+like testcluster/cluster.py: logs in `<state>/log/`, pids in `<state>/pids/`
+(with the binary, so a pid reused after a crash is never signalled), so
+`down` or the next `up` stops exactly what this folder started. Every port is a free loopback port picked at `up`.
 
-Root only: slurmd must be root to start job steps as their user, and munged
-runs as the munge user that Debian's package creates.
+Root only: slurmd must be root to start job steps as their user; munged and
+MariaDB run as the munge and mysql users that Debian's packages create.
 """
 
 from __future__ import annotations
@@ -27,9 +28,18 @@ from pathlib import Path
 from testcluster import pidfiles
 
 DAEMONS = {"munged": "/usr/sbin/munged", "slurmctld": "/usr/sbin/slurmctld",
-           "slurmd": "/usr/sbin/slurmd"}
-CLIENTS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo", "srun")
-PACKAGES = "slurmctld slurmd slurm-client munge slurmrestd"
+           "slurmd": "/usr/sbin/slurmd", "slurmdbd": "/usr/sbin/slurmdbd",
+           "mariadbd": "/usr/sbin/mariadbd"}
+CLIENTS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo", "srun", "sacct", "sacctmgr",
+           "mariadb", "mariadb-install-db")
+PACKAGES = "slurmctld slurmd slurm-client munge slurmrestd slurmdbd mariadb-server"
+# The accounting database's account for slurmdbd: on loopback only, in a
+# database that lives and dies with the state folder.
+DB_USER, DB_PASSWORD, DB_NAME = "slurm", "regatta-slurmdbd", "slurm_acct_db"
+CLUSTER_NAME = "regatta"
+# `down` stops daemons in this order (unlisted, the slurmds: first); munged
+# goes last, since slurmctld and slurmdbd authenticate through it.
+_STOP_ORDER = {"slurmctld": 1, "slurmdbd": 2, "mariadbd": 3, "munged": 4}
 ENABLE_HINT = (f"apt-get install -y --no-install-recommends {PACKAGES} (as root) to enable "
                "the real-Slurm tests")
 # Unix socket paths are limited to 108 bytes, munge's included.
@@ -54,10 +64,11 @@ def why_unavailable() -> str | None:
         return f"Slurm's packages are missing ({', '.join(missing)}): {ENABLE_HINT}"
     if os.geteuid() != 0:
         return "the one-machine Slurm needs root (slurmd starts job steps as their user)"
-    try:
-        pwd.getpwnam("munge")
-    except KeyError:
-        return f"no munge user: {ENABLE_HINT}"
+    for user in ("munge", "mysql"):
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            return f"no {user} user: {ENABLE_HINT}"
     return None
 
 
@@ -78,6 +89,8 @@ class Layout:
 
     ctld_port: int
     nodes: tuple[NodeSpec, ...]
+    dbd_port: int = 0  # slurmdbd
+    db_port: int = 0  # MariaDB
 
     @classmethod
     def pick(cls, working: int = 4, spares: int = 2, gpus: int = 2) -> Layout:
@@ -85,7 +98,8 @@ class Layout:
             NodeSpec(name=f"n{i}", partition="gpu" if i <= working else "spare",
                      port=free_port(), gpus=gpus)
             for i in range(1, working + spares + 1))
-        return cls(ctld_port=free_port(), nodes=nodes)
+        return cls(ctld_port=free_port(), nodes=nodes, dbd_port=free_port(),
+                   db_port=free_port())
 
     def partition(self, name: str) -> list[str]:
         return [n.name for n in self.nodes if n.partition == name]
@@ -113,8 +127,7 @@ class SlurmCluster:
 
     def layout(self) -> Layout:
         raw = json.loads((self.state / "layout.json").read_text())
-        return Layout(ctld_port=raw["ctld_port"],
-                      nodes=tuple(NodeSpec(**n) for n in raw["nodes"]))
+        return Layout(**{**raw, "nodes": tuple(NodeSpec(**n) for n in raw["nodes"])})
 
     # --- configuration ----------------------------------------------------
     def _write_munge_key(self) -> None:
@@ -154,7 +167,7 @@ class SlurmCluster:
             f"Default={'YES' if p == 'gpu' else 'NO'} MaxTime=INFINITE State=UP"
             for p in partitions]
         conf = f"""\
-ClusterName=regatta
+ClusterName={CLUSTER_NAME}
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={layout.ctld_port}
 SlurmUser=root
@@ -171,7 +184,13 @@ SlurmdLogFile={self.log_dir}/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
+# Jobs recorded by slurmdbd, for `sacct` (no usage gathered: states, exit
+# codes, nodes and times are what Regatta and an operator compare).
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort={layout.dbd_port}
+# Connections to slurmdbd read munge's socket from here, not from AuthInfo.
+AccountingStoragePass={self.munge_socket}
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
@@ -194,8 +213,28 @@ GresTypes=gpu
         self.conf.parent.mkdir(parents=True, exist_ok=True)
         self.conf.write_text(conf)
         (self.conf.parent / "gres.conf").write_text("\n".join(gres_lines) + "\n")
-        (self.state / "layout.json").write_text(json.dumps(
-            {"ctld_port": layout.ctld_port, "nodes": [asdict(n) for n in layout.nodes]}))
+        (self.state / "layout.json").write_text(json.dumps(asdict(layout)))
+
+    def _write_dbd_conf(self, layout: Layout) -> Path:
+        conf = self.conf.parent / "slurmdbd.conf"
+        conf.write_text(f"""\
+AuthType=auth/munge
+AuthInfo=socket={self.munge_socket}
+DbdHost=localhost
+DbdAddr=127.0.0.1
+DbdPort={layout.dbd_port}
+SlurmUser=root
+LogFile={self.log_dir}/slurmdbd.log
+PidFile={self.state}/run/slurmdbd.pid
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort={layout.db_port}
+StorageUser={DB_USER}
+StoragePass={DB_PASSWORD}
+StorageLoc={DB_NAME}
+""")
+        conf.chmod(0o600)  # slurmdbd refuses a readable one: it holds the password
+        return conf
 
     # --- processes --------------------------------------------------------
     def _spawn(self, name: str, argv: list[str], user: str | None = None) -> None:
@@ -297,7 +336,7 @@ GresTypes=gpu
         except (OSError, subprocess.SubprocessError):
             pass  # best effort: the daemons go below whatever happens here
         alive = self.running()
-        order = sorted(alive, key=lambda n: {"slurmctld": 1, "munged": 2}.get(n, 0))
+        order = sorted(alive, key=lambda n: _STOP_ORDER.get(n, 0))
         for name in order:
             try:
                 os.kill(alive[name], signal.SIGTERM)
@@ -356,7 +395,7 @@ GresTypes=gpu
         if len(str(self.munge_socket)) > _SOCKET_PATH_MAX:
             raise SlurmClusterError(f"state folder too deep for munge's socket: {self.state}")
         self.down()
-        for sub in ("ctld", "spool", "run"):
+        for sub in ("ctld", "spool", "run", "db"):
             shutil.rmtree(self.state / sub, ignore_errors=True)
         for sub in ("log", "pids", "ctld", "spool", "run"):
             (self.state / sub).mkdir(parents=True, exist_ok=True)
@@ -376,6 +415,7 @@ GresTypes=gpu
             f"--seed-file={self.munge_dir / 'munged.seed'}", f"--log-file={munge_log}"],
             user="munge")
         self._wait("munged's socket", self.munge_socket.exists, 20)
+        self._start_accounting(layout)
         # -i: the state folder was emptied above; nothing to recover.
         self._spawn("slurmctld", [DAEMONS["slurmctld"], "-D", "-i", "-f", str(self.conf)])
         for node in layout.nodes:
@@ -387,6 +427,36 @@ GresTypes=gpu
         log(f"slurmcluster: {len(names)} nodes idle in {time.monotonic() - started:.1f} s; "
             f"SLURM_CONF={self.conf}")
         return self.conf
+
+
+    def _start_accounting(self, layout: Layout) -> None:
+        """A fresh MariaDB in `<state>/db` (loopback only), slurmdbd on it, and
+        this cluster registered, before slurmctld starts and reports to it."""
+        data, mysql = self.state / "db", pwd.getpwnam("mysql")
+        subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={data}",
+                        "--user=mysql", "--auth-root-authentication-method=socket",
+                        "--skip-test-db"], check=True, capture_output=True, timeout=60)
+        for path in (data, *data.rglob("*")):
+            os.chown(path, mysql.pw_uid, mysql.pw_gid)
+        socket_path = self.state / "run" / "mariadb.sock"
+        os.chown(socket_path.parent, mysql.pw_uid, mysql.pw_gid)
+        self._spawn("mariadbd", [
+            DAEMONS["mariadbd"], "--no-defaults", f"--datadir={data}",
+            f"--socket={socket_path}", f"--port={layout.db_port}", "--bind-address=127.0.0.1",
+            "--skip-name-resolve", f"--pid-file={self.state / 'run' / 'mariadb.pid'}",
+            # What slurmdbd's start-up check asks of InnoDB.
+            "--innodb-buffer-pool-size=128M", "--innodb-lock-wait-timeout=900"], user="mysql")
+        self._wait("MariaDB's socket", socket_path.exists, 30)
+        sql = (f"CREATE USER '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{DB_PASSWORD}'; "
+               f"GRANT ALL ON {DB_NAME}.* TO '{DB_USER}'@'127.0.0.1';")
+        subprocess.run(["mariadb", "--no-defaults", f"--socket={socket_path}", "-u", "root",
+                        "-e", sql], check=True, capture_output=True, timeout=30)
+        self._write_dbd_conf(layout)
+        self._spawn("slurmdbd", [DAEMONS["slurmdbd"], "-D"])
+        env = {**os.environ, **self.env}
+        self._wait("slurmdbd to register the cluster", lambda: subprocess.run(
+            ["sacctmgr", "-i", "add", "cluster", CLUSTER_NAME], env=env, timeout=15,
+            capture_output=True).returncode == 0, 60)
 
 
 def _alive(pid: int) -> bool:

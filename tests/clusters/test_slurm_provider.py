@@ -105,6 +105,13 @@ def test_a_rank_that_fails_fails_the_attempt_with_its_exit_code(provider, slurm_
     over = provider.observe(ref)
     assert over.state == "failed"
     assert [(n.running, n.exit_code, n.signal) for n in over.nodes] == [(False, 3, None)] * 2
+    # The accounting (slurmdbd, `sacct`) says the same as slurmctld: what
+    # observe reads once slurmctld forgets the job after MinJobAge.
+    accounted = eventually(lambda: provider.slurm.accounted(ref["job_id"]), timeout=30,
+                           what="sacct to have the job")
+    assert (accounted["JobState"], accounted["ExitCode"], accounted["NodeList"]) == (
+        job["JobState"], job["ExitCode"], job["NodeList"])
+    assert provider.slurm.accounted("999999") == {}  # a job nobody ran
 
 
 def test_stop_scancels_the_job_and_leaves_nothing_running(provider, slurm_world):

@@ -92,6 +92,17 @@ def test_a_node_lost_under_a_running_job_is_drained_replaced_and_the_job_resumes
     resumed = list(job.events.filter(kind="ResumedFromCheckpoint").order_by("id"))
     assert resumed and all(e.evidence["step"] >= 5 for e in resumed)
     assert final.resume_step == resumed[-1].evidence["step"]
+    # Slurm's accounting tells the same story (`sacct`, as an operator reads
+    # it): the first attempt's job ended on the lost node, the second ran
+    # to completion on the spare.
+    accounting = {line.split("|")[0]: line.split("|")[1:] for line in slurm_world.run(
+        "sacct", "-X", "-n", "-P", "-o", "JobID,State,ExitCode,NodeList", "-j",
+        f"{first.provider_ref['job_id']},{final.provider_ref['job_id']}").splitlines()}
+    assert accounting[str(final.provider_ref["job_id"])][0] == "COMPLETED"
+    assert accounting[str(first.provider_ref["job_id"])][0].split()[0] in (
+        "FAILED", "NODE_FAIL", "CANCELLED"), accounting
+    assert victim.name in slurm_world.run(
+        "scontrol", "show", "hostnames", accounting[str(first.provider_ref["job_id"])][2])
     # Bitwise: the weights of the run nobody touched.
     mine = torch.load(ModelArtifact.objects.get(job=job).uri, weights_only=False)
     theirs = torch.load(ModelArtifact.objects.get(job=twin).uri, weights_only=False)

@@ -1,8 +1,9 @@
 """A real Slurm for the suite (slurmcluster/), once per test session, in the
 suite's state folder on free loopback ports.
 
-`slurm` starts munged, slurmctld and six slurmds: n1-n4 in partition `gpu`,
-n5-n6 in partition `spare`, two fake GPUs each. `slurm_world` hands a test
+`slurm` starts munged, the accounting (MariaDB, slurmdbd), slurmctld and six
+slurmds: n1-n4 in partition `gpu`, n5-n6 in partition `spare`, two fake GPUs
+each. `slurm_world` hands a test
 the session's Slurm with every node up and resumed, and no job or
 reservation left, after it, whatever the test did to them.
 

@@ -101,9 +101,10 @@ def _submit(slurm: Slurm, attempt_dir: Path, cluster: str, partition: str, featu
 
 
 def job_record(slurm: Slurm, ref: dict) -> dict:
-    """slurmctld's record of the attempt's job ({} once it forgot it)."""
+    """slurmctld's record of the attempt's job; once it forgot the job
+    (MinJobAge after its end), the accounting's (`sacct`); {} with neither."""
     found = slurm.show("job", str(ref["job_id"]))
-    return found[0] if found else {}
+    return found[0] if found else slurm.accounted(str(ref["job_id"]))
 
 
 def _node(slurm: Slurm, name: str) -> dict:

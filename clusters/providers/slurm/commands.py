@@ -73,6 +73,24 @@ class Slurm:
                 if line.strip() and not line.startswith("No ")]
 
 
+    def accounted(self, job_id: str) -> dict[str, str]:
+        """The accounting's record of a job (`sacct`, through slurmdbd) in
+        `scontrol show job`'s keys: JobState, ExitCode, NodeList, Reason.
+        {} where the cluster keeps no accounting, or it has no such job."""
+        try:
+            out = self.run(["sacct", "-j", str(job_id), "-X", "-n", "-P",
+                            "-o", "JobID,State,ExitCode,NodeList,Reason"])
+        except SlurmCommandError:
+            return {}  # "Slurm accounting storage is disabled", or slurmdbd away
+        for line in out.splitlines():
+            fields = line.split("|")
+            if len(fields) == 5 and fields[0] == str(job_id):
+                # "CANCELLED by 0": the state is its first word, as scontrol says it.
+                return {"JobId": fields[0], "JobState": fields[1].split()[0] if fields[1] else "",
+                        "ExitCode": fields[2], "NodeList": fields[3], "Reason": fields[4]}
+        return {}
+
+
 def _conf_of(env: dict) -> dict:
     return {k: env[k] for k in ("SLURM_CONF",) if k in env}
 
