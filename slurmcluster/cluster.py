@@ -6,7 +6,8 @@ munged (as the munge user, with its own key and socket), the accounting
 the foreground of processes this module starts in sessions of their own,
 like testcluster/cluster.py: logs in `<state>/log/`, pids in `<state>/pids/`
 (with the binary, so a pid reused after a crash is never signalled), so
-`down` or the next `up` stops exactly what this folder started. Every port is a free loopback port picked at `up`.
+`down` or the next `up` stops exactly what this folder started. Every port
+is a free loopback port picked at `up`.
 
 Root only: slurmd must be root to start job steps as their user; munged and
 MariaDB run as the munge and mysql users that Debian's packages create.
