@@ -187,6 +187,10 @@ def start_control_plane(workdir: Path, max_hardware_restarts: int, trainer: dict
     Returns (job, cluster, stop callable)."""
     state = workdir / "state"
     port = free_port()
+    # Its own database and broker in the state folder, whatever the shell
+    # points at: a second run would find the first one's rows.
+    for name in ("DATABASE_URL", "REDIS_URL"):
+        os.environ.pop(name, None)
     env = {**os.environ, "REGATTA_STATE_DIR": str(state), "REGATTA_SWEEP_INTERVAL_S": "1",
            "REGATTA_PUBLIC_URL": f"http://127.0.0.1:{port}", "DJANGO_SETTINGS_MODULE":
            "controlplane.settings"}
@@ -221,35 +225,46 @@ def start_control_plane(workdir: Path, max_hardware_restarts: int, trainer: dict
     from jobs import tasks
     from jobs.models import Quota, Team, TrainingJob
 
-    cluster = Cluster.objects.create(
-        name="bench", provider="local",
-        settings={"fleet_dir": str(workdir / "fleet"), "preflight": preflight,
-                  "observe_interval_s": 0.5, "reconcile_interval_s": 1.0,
-                  "heartbeat_deadline_s": 60.0})
-    NodePool.objects.create(cluster=cluster, name="cpu", gpus_per_node=1, size=2, spare_count=1)
-    reconcile_cluster_unlocked(cluster.id)
-    team = Team.objects.create(name="bench")
-    Quota.objects.create(team=team, cluster=cluster, gpus=4)
-    job = TrainingJob.objects.create(name="bench", team=team, cluster=cluster, num_nodes=2,
-                                     gpus_per_node=1, hyperparameters=trainer,
-                                     checkpoint_every_steps=checkpoint_every,
-                                     checkpoint_policy=checkpoint_policy,
-                                     restart_budgets={"hardware": max_hardware_restarts,
-                                                      "process": max_hardware_restarts,
-                                                      "code": 0})
-    tasks.reconcile_job.delay(job.id)
+    cluster = job = None
 
     def stop():
-        job.refresh_from_db()
-        if not job.is_terminal:
-            job.request_cancel("bench")
-            tasks.reconcile_job.delay(job.id)
-            time.sleep(3)
+        if job is not None:
+            job.refresh_from_db()
+            if not job.is_terminal:
+                job.request_cancel("bench")
+                tasks.reconcile_job.delay(job.id)
+                time.sleep(3)
         for p in procs:
             os.killpg(p.pid, signal.SIGKILL)
-        get_provider(cluster).stop_standbys()
+        if cluster is not None:
+            get_provider(cluster).stop_standbys()
         if redis_proc is not None:
             redis_proc.terminate()
+
+    try:
+        cluster = Cluster.objects.create(
+            name="bench", provider="local",
+            settings={"fleet_dir": str(workdir / "fleet"), "preflight": preflight,
+                      "observe_interval_s": 0.5, "reconcile_interval_s": 1.0,
+                      "heartbeat_deadline_s": 60.0})
+        NodePool.objects.create(cluster=cluster, name="cpu", gpus_per_node=1, size=2,
+                                spare_count=1)
+        reconcile_cluster_unlocked(cluster.id)
+        team = Team.objects.create(name="bench")
+        Quota.objects.create(team=team, cluster=cluster, gpus=4)
+        job = TrainingJob.objects.create(name="bench", team=team, cluster=cluster, num_nodes=2,
+                                         gpus_per_node=1, hyperparameters=trainer,
+                                         checkpoint_every_steps=checkpoint_every,
+                                         checkpoint_policy=checkpoint_policy,
+                                         restart_budgets={"hardware": max_hardware_restarts,
+                                                          "process": max_hardware_restarts,
+                                                          "code": 0})
+        tasks.reconcile_job.delay(job.id)
+    except BaseException:
+        # Half set up: nothing it started may outlive it, or its worker
+        # sweeps beside the next run.
+        stop()
+        raise
 
     return job, cluster, stop
 

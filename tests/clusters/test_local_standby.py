@@ -165,6 +165,27 @@ def test_without_a_ready_standby_or_with_a_loader_path_of_its_own_the_launch_goe
     assert all(info(warm_fleet, n).get("state") == "ready" for n in nodes)
 
 
+def test_a_standby_that_takes_a_launch_leaves_its_successor_ready_at_once(warm_fleet):
+    """A second failure soon after the first restarts warm too: the standby
+    that took the launch forked the node's next standby before it became
+    the launcher, with the imports done, so it is ready before the attempt
+    has ended, and the next launch is warm on every node with no wait."""
+    pool = make_pool(size=2, spare_count=0)
+    nodes = [n.name for n in warm_fleet.list_nodes(pool)][:2]
+    first = warm_launch(warm_fleet, pool, "first", REGATTA_TEST_STEPS="100000")
+    took = {n["node"]: n["pid"] for n in first["nodes"]}  # now the nodes' launchers
+    successors = {n: info(warm_fleet, n) for n in nodes}
+    assert all(s.get("state") == "ready" for s in successors.values()), successors
+    assert all(successors[n]["pid"] != took[n] for n in nodes)
+    assert all(len(idle_standbys(warm_fleet, n)) == 1 for n in nodes)
+    warm_fleet.stop(first, grace_s=10)
+
+    second = warm_fleet.launch(request(warm_fleet, pool, "second"))
+
+    assert [n["warm"] for n in second["nodes"]] == [True, True]
+    assert wait_done(warm_fleet, second).state == "succeeded"
+
+
 def test_a_node_holds_one_standby_however_often_it_is_asked(warm_fleet):
     pool = make_pool(size=1, spare_count=0)
     node = warm_fleet.list_nodes(pool)[0].name

@@ -11,10 +11,12 @@ before the failure. The provider keeps one on every ready spare
 so that the survivors of a failure restart warm too.
 
 A launch hands the node's standby its torchrun command line, environment and
-node folder over a Unix socket (`hand_over`); the standby answers "ok" and
-becomes that node's launcher (launcher.py's `supervise`): it forks torchrun's
-agent from itself, and the agent forks each rank (`--start-method=fork`), so
-every process starts with the imports done. The ranks run the same entry
+node folder over a Unix socket (`hand_over`); the standby answers "ok",
+forks its successor (the node's next standby, ready at once with the same
+socket and imports), and becomes that node's launcher (launcher.py's
+`supervise`): it forks torchrun's agent from itself, and the agent forks
+each rank (`--start-method=fork`), so every process starts with the imports
+done. The ranks run the same entry
 point a cold launch runs (`-m module` through runpy, or a script path), under
 the same torchrun agent, with the same environment and exit codes. Anything
 the standby cannot take as it is (another interpreter, a loader path of its
@@ -391,20 +393,36 @@ def serve(folder: Path, delay_s: float) -> int:
     except OSError:
         return 0  # another standby holds this node
     me = os.getpid()
-    about = {"pid": me, "starttime": procs.starttime(me), "python": sys.executable}
-    book.write_json(folder / INFO, {**about, "state": "starting"})
+    book.write_json(folder / INFO, {**_about(), "state": "starting"})
     time.sleep(delay_s)
     if _info(folder).get("pid") != me:
         return 0
     preloaded = _preload()
     sock.listen(4)
-    book.write_json(folder / INFO, {**about, "state": "ready", "ready_at": time.time(),
-                           "preloaded": preloaded})
-    task = _wait_for_launch(sock, folder)
-    sock.close()
-    if task is None:
-        return 0
-    return _launch(task)
+    while True:
+        book.write_json(folder / INFO, {**_about(), "state": "ready", "ready_at": time.time(),
+                                        "preloaded": preloaded})
+        task = _wait_for_launch(sock, folder)
+        if task is None:
+            sock.close()
+            return 0
+        # The node's next standby is a fork of this one, made before the
+        # launch changes anything here: ready at once, with the socket and
+        # the imports, so a second failure soon after the first restarts
+        # warm too. Forked twice, so that it is nobody's child to reap.
+        successor = os.fork()
+        if successor == 0:
+            if os.fork():
+                os._exit(0)
+            continue
+        os.waitpid(successor, 0)
+        sock.close()
+        return _launch(task)
+
+
+def _about() -> dict:
+    me = os.getpid()
+    return {"pid": me, "starttime": procs.starttime(me), "python": sys.executable}
 
 
 def main(argv: list[str]) -> int:
