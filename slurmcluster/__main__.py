@@ -1,8 +1,10 @@
-"""`python -m slurmcluster VERB`: up, down, status, env.
+"""`python -m slurmcluster VERB`: up, down, status, env, lose NODE.
 
-`up` starts munged, slurmctld and the slurmds in a state folder (default
-.regatta/slurm, or $REGATTA_SLURM_STATE) and prints the SLURM_CONF that
-points Slurm's commands (and a Regatta cluster's `slurm_conf`) at it.
+`up` starts munged, the accounting (MariaDB, slurmdbd), slurmctld and the
+slurmds in a state folder (default .regatta/slurm, or $REGATTA_SLURM_STATE)
+and prints the SLURM_CONF that points Slurm's commands (and a Regatta
+cluster's `slurm_conf`) at it. `lose n2` kills node n2 as a machine that
+lost power: its slurmd and every job process on it, SIGKILLed.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ DEFAULT_STATE = Path(os.environ.get("REGATTA_SLURM_STATE") or
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m slurmcluster", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("verb", choices=("up", "down", "status", "env"))
+    parser.add_argument("verb", choices=("up", "down", "status", "env", "lose"))
+    parser.add_argument("node", nargs="?", help="the node `lose` kills (n1, n2, ...)")
     parser.add_argument("--state", type=Path, default=DEFAULT_STATE,
                         help=f"state folder (default {DEFAULT_STATE})")
     parser.add_argument("--nodes", type=int, default=4, help="nodes of partition gpu")
@@ -45,6 +48,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.verb == "down":
         cluster.down()
         print(f"slurmcluster: stopped what {args.state} ran")
+        return 0
+    if args.verb == "lose":
+        if f"slurmd-{args.node}" not in cluster.running():
+            print(f"slurmcluster: no slurmd of node {args.node!r} runs here", file=sys.stderr)
+            return 1
+        slurmd, *killed = cluster.lose_node(args.node)
+        print(f"slurmcluster: node {args.node} lost: slurmd {slurmd} and {len(killed)} job "
+              "processes SIGKILLed; Slurm calls it DOWN after SlurmdTimeout (10 s)")
         return 0
     if args.verb == "env":
         print(f"export SLURM_CONF={cluster.conf}")

@@ -329,6 +329,11 @@ StorageLoc={DB_NAME}
                     pass
         return victims
 
+    def lose_node(self, node: str) -> list[int]:
+        """The node dies whole, as a machine that lost power: its slurmd and
+        every job process on it, SIGKILLed. Returns the pids."""
+        return [self.stop_daemon(f"slurmd-{node}"), *self.kill_node_processes(node)]
+
     def down(self) -> None:
         """Stops every daemon this folder started: jobs first, slurmds, then
         slurmctld and munged."""

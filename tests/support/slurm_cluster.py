@@ -50,11 +50,7 @@ class SlurmWorld:
         return record(self.run("scontrol", "show", "job", "-o", str(job_id)).strip())
 
     def lose_node(self, name: str) -> list[int]:
-        """The node dies whole, as a machine that lost power: its slurmd and
-        every process of a job step on it, SIGKILLed. Returns the pids."""
-        pids = [self.cluster.stop_daemon(f"slurmd-{name}")]
-        pids += self.cluster.kill_node_processes(name)
-        return pids
+        return self.cluster.lose_node(name)
 
     def job_processes(self, job_id: str) -> list[int]:
         return self.cluster.job_processes(str(job_id))

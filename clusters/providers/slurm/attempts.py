@@ -181,10 +181,12 @@ def observe(slurm: Slurm, ref: dict, silence_s: float) -> AttemptStatus:
     active = state in ACTIVE
     where = f"Slurm job {ref['job_id']} {state or 'unknown to slurmctld'}"
     if state == "PENDING":
-        # Slurm's own reason: Resources, Priority, ReqNodeNotAvail, ...
-        return AttemptStatus(state="running", message=f"{where}: {job.get('Reason')}",
-                             start_issues=(StartIssue(reason=job.get("Reason", "Pending"),
-                                                      message=where),))
+        # Slurm's own reason: Resources, Priority, ReqNodeNotAvail, ...; the
+        # literal "None" until its scheduler has looked at the job.
+        reason = job.get("Reason") or "None"
+        reason = "Pending" if reason == "None" else reason
+        return AttemptStatus(state="running", message=f"{where}: {reason}",
+                             start_issues=(StartIssue(reason=reason, message=where),))
     if not job and not attempt_dir.is_dir():
         return AttemptStatus(state="unknown", message=f"{where}; {attempt_dir} is missing")
     nodes = tuple(_observe_node(slurm, attempt_dir, e, active) for e in ref["nodes"])
