@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from clusters.providers.base import LaunchRequest, Placement, PoolInfo
-from clusters.providers.slurm import SlurmPoolSettings, SlurmProvider, SlurmSettings
+from clusters.providers.slurm import SlurmPoolSettings, SlurmProvider, SlurmSettings, attempts
 from tests.support.waiting import eventually
 
 from .local_fleet import RANKS_SCRIPT, progress
@@ -107,8 +107,10 @@ def test_a_rank_that_fails_fails_the_attempt_with_its_exit_code(provider, slurm_
     assert [(n.running, n.exit_code, n.signal) for n in over.nodes] == [(False, 3, None)] * 2
     # The accounting (slurmdbd, `sacct`) says the same as slurmctld: what
     # observe reads once slurmctld forgets the job after MinJobAge.
-    accounted = eventually(lambda: provider.slurm.accounted(ref["job_id"]), timeout=30,
-                           what="sacct to have the job")
+    # slurmdbd hears of the job's end a moment after slurmctld.
+    accounted = eventually(lambda: (a := provider.slurm.accounted(ref["job_id"]))
+                           and a["JobState"] not in attempts.ACTIVE and a, timeout=30,
+                           what="sacct to have the job's end")
     assert (accounted["JobState"], accounted["ExitCode"], accounted["NodeList"]) == (
         job["JobState"], job["ExitCode"], job["NodeList"])
     assert provider.slurm.accounted("999999") == {}  # a job nobody ran

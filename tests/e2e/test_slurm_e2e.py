@@ -10,6 +10,7 @@ from checkpoints.models import ModelArtifact
 from clusters.models import Cluster, Node, NodeHealthEvent, NodePool
 from clusters.reconcile import reconcile_cluster_unlocked
 from jobs.models import Phase
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -95,9 +96,17 @@ def test_a_node_lost_under_a_running_job_is_drained_replaced_and_the_job_resumes
     # Slurm's accounting tells the same story (`sacct`, as an operator reads
     # it): the first attempt's job ended on the lost node, the second ran
     # to completion on the spare.
-    accounting = {line.split("|")[0]: line.split("|")[1:] for line in slurm_world.run(
-        "sacct", "-X", "-n", "-P", "-o", "JobID,State,ExitCode,NodeList", "-j",
-        f"{first.provider_ref['job_id']},{final.provider_ref['job_id']}").splitlines()}
+    # (slurmdbd hears of a job's end a moment after slurmctld.)
+    ids = [str(first.provider_ref["job_id"]), str(final.provider_ref["job_id"])]
+
+    def accounted():
+        rows = {line.split("|")[0]: line.split("|")[1:] for line in slurm_world.run(
+            "sacct", "-X", "-n", "-P", "-o", "JobID,State,ExitCode,NodeList", "-j",
+            ",".join(ids)).splitlines()}
+        return rows if all(rows.get(i, ["RUNNING"])[0] not in ("RUNNING", "COMPLETING")
+                           for i in ids) else None
+
+    accounting = eventually(accounted, timeout=30, what="sacct to have both jobs' ends")
     assert accounting[str(final.provider_ref["job_id"])][0] == "COMPLETED"
     assert accounting[str(first.provider_ref["job_id"])][0].split()[0] in (
         "FAILED", "NODE_FAIL", "CANCELLED"), accounting
