@@ -86,18 +86,19 @@ def _sharded(state: Any) -> bool:
     """Whether `state` is split across ranks (FSDP, DTensor), so that no
     single rank holds it whole. Looked at in the modules first, since
     asking a sharded model for its state dict may itself be collective."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
     from torch.distributed.tensor import DTensor
 
     from regatta.state import ModelState
 
     parts = list(state.values()) if isinstance(state, dict) else [state]
     for part in parts:
-        if isinstance(part, ModelState):
-            if any(isinstance(t, DTensor) or "FullyShardedDataParallel" in type(m).__name__
-                   for m in part.model.modules() for t in m.parameters(recurse=False)):
-                return True
-        elif isinstance(part, DTensor):
+        if isinstance(part, DTensor):
             return True
+        if isinstance(part, ModelState) and (
+                any(isinstance(m, FullyShardedDataParallel) for m in part.model.modules())
+                or any(isinstance(t, DTensor) for t in part.model.parameters())):
+            return True  # FSDP1 wraps modules; FSDP2 makes the parameters DTensors
     return False
 
 

@@ -64,6 +64,11 @@ class Storage:
     def write_bytes(self, key: str, data: bytes) -> None:
         raise NotImplementedError
 
+    def create_once(self, key: str, data: bytes) -> bool:
+        """Write `key` only if no object has that name yet, atomically: True
+        for the one caller that created it, False for every other."""
+        raise NotImplementedError
+
     def exists(self, key: str) -> bool:
         return self.size(key) is not None
 
@@ -100,11 +105,6 @@ class Storage:
     def local_dir(self, step: int) -> Path | None:
         """A directory DCP can write into directly, or None (stage and upload)."""
         return None
-
-    def create_once(self, key: str, data: bytes) -> bool:
-        """Write `key` only if no object has that name yet, atomically: True
-        for the one caller that created it, False for every other."""
-        raise NotImplementedError
 
     # -- shared logic -------------------------------------------------------
     def step_uri(self, step: int) -> str:

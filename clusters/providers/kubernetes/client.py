@@ -283,7 +283,7 @@ class KubernetesProvider:
         held = {}
         for pod in self._standby_pods(pool):
             node = (pod["metadata"].get("labels") or {}).get(capacity.LABEL_STANDBY_FOR)
-            if node in nodes and not (pod["metadata"].get("deletionTimestamp")):
+            if node in nodes and not pod["metadata"].get("deletionTimestamp"):
                 held[node] = pod
             else:
                 self._delete_pod(pod["metadata"]["name"], "standby pod")

@@ -183,8 +183,9 @@ def observe(slurm: Slurm, ref: dict, silence_s: float) -> AttemptStatus:
     if state == "PENDING":
         # Slurm's own reason: Resources, Priority, ReqNodeNotAvail, ...; the
         # literal "None" until its scheduler has looked at the job.
-        reason = job.get("Reason") or "None"
-        reason = "Pending" if reason == "None" else reason
+        reason = job.get("Reason", "")
+        if reason in ("", "None"):
+            reason = "Pending"
         return AttemptStatus(state="running", message=f"{where}: {reason}",
                              start_issues=(StartIssue(reason=reason, message=where),))
     if not job and not attempt_dir.is_dir():
