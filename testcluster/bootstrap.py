@@ -94,14 +94,18 @@ def install_operator_prerequisites(cluster) -> None:
          "metadata": {"name": OPERATOR_WEBHOOK_SECRET, "namespace": NAMESPACE_OPERATOR}},
         _webhook_configuration(),
     ])
+    _until("the PyTorchJob CRD", lambda: established(api, ["pytorchjobs.kubeflow.org"]))
+
+
+def established(api: k8s.ApiClient, names) -> bool:
+    """Whether the API server serves each of these CRDs yet."""
     ext = k8s.ApiextensionsV1Api(api)
-
-    def established():
-        crd = ext.read_custom_resource_definition("pytorchjobs.kubeflow.org")
-        return any(c.type == "Established" and c.status == "True"
-                   for c in crd.status.conditions or [])
-
-    _until("the PyTorchJob CRD", established)
+    for name in names:
+        crd = ext.read_custom_resource_definition(name)
+        if not any(c.type == "Established" and c.status == "True"
+                   for c in crd.status.conditions or []):
+            return False
+    return True
 
 
 def _webhook_configuration() -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -41,6 +42,34 @@ class Component:
     # Stamped into the binary the way the release's own build does, so the
     # API server reports v1.x.y and clients that check it are satisfied.
     version_ldflags: bool = False
+    # Source edits applied with `go build -overlay` (see Edit), none for most.
+    edits: tuple[Edit, ...] = ()
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One literal replaced in a main package of a dependency, at build time.
+
+    The module cache is read-only to the go command (an overlay may not
+    replace files under GOMODCACHE), so the package's files are laid over a
+    folder of this module that does not exist on disk, `_edited/<name>`,
+    with `go build -overlay`, and built from there against this module's
+    requirements: nothing is written into the module cache or the clone.
+    The build fails if the text is not found exactly once, so a new pin that
+    moved the code shows here instead of in a cluster that does not start."""
+    module: str
+    package_dir: str
+    file: str
+    old: str
+    new: str
+    why: str
+
+
+KUEUE_METRICS_CERTS = Edit(
+    "sigs.k8s.io/kueue", "cmd/kueue", "main.go",
+    'metricsCertPath := "/etc/kueue/metrics/certs"',
+    'metricsCertPath := os.Getenv("REGATTA_KUEUE_METRICS_CERT_DIR")',
+    "the metrics certificate folder from the environment, not /etc/kueue/metrics/certs")
 
 
 COMPONENTS = (
@@ -55,6 +84,8 @@ COMPONENTS = (
     Component("jobset", TRAINER_MOD, "sigs.k8s.io/jobset"),
     Component("trainer-controller-manager", TRAINER_MOD,
               "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager"),
+    Component("kueue", TRAINER_MOD, "sigs.k8s.io/kueue/cmd/kueue",
+              edits=(KUEUE_METRICS_CERTS,)),
 )
 
 
@@ -83,6 +114,7 @@ def versions() -> dict[str, str]:
         "training-operator": _required(OPERATOR_MOD, "github.com/kubeflow/training-operator"),
         "trainer": _required(TRAINER_MOD, "github.com/kubeflow/trainer/v2"),
         "jobset": _required(TRAINER_MOD, "sigs.k8s.io/jobset"),
+        "kueue": _required(TRAINER_MOD, "sigs.k8s.io/kueue"),
     }
 
 
@@ -108,10 +140,12 @@ def bin_dir(go: str | None = None) -> Path:
                 digest.update(name.encode() + b"\0" + path.read_bytes())
         if (mod / "etcd" / "main.go").exists():
             digest.update((mod / "etcd" / "main.go").read_bytes())
+    for comp in COMPONENTS:
+        digest.update(repr(comp.edits).encode())
     v = versions()
     key = (f"k8s-{v['kubernetes']}_etcd-{v['etcd']}_kwok-{v['kwok']}"
            f"_training-operator-{v['training-operator']}_trainer-{v['trainer']}"
-           f"_jobset-{v['jobset']}_{_go_version(go)}"
+           f"_jobset-{v['jobset']}_kueue-{v['kueue']}_{_go_version(go)}"
            f"_{digest.hexdigest()[:10]}")
     return cache_root() / key / "bin"
 
@@ -229,8 +263,9 @@ def _build_missing(go: str, out: Path, log, nice: int) -> Path:
             continue
         ldflags = "-s -w" + (" " + stamp if comp.version_ldflags else "")
         tmp = out / f".{comp.name}.tmp"
+        overlay, package = _overlay(go, comp, out)
         cmd = ["nice", "-n", str(nice), go, "build", "-trimpath", f"-ldflags={ldflags}",
-               "-o", str(tmp), comp.package]
+               *([f"-overlay={overlay}"] if overlay else []), "-o", str(tmp), package]
         log(f"testcluster: building {comp.name} ({comp.package})")
         started = time.monotonic()
         done = subprocess.run(cmd, cwd=comp.module_dir, capture_output=True, text=True)
@@ -240,6 +275,35 @@ def _build_missing(go: str, out: Path, log, nice: int) -> Path:
         log(f"testcluster: built {comp.name} in {time.monotonic() - started:.0f} s")
     log(f"testcluster: all binaries in {out} ({time.monotonic() - total:.0f} s)")
     return out
+
+
+def _overlay(go: str, comp: Component, out: Path) -> tuple[Path | None, str]:
+    """For a component with edits: writes its package's files, edited, and
+    the overlay that lays them over `_edited/<name>` in its module; returns
+    the overlay and the package to build."""
+    if not comp.edits:
+        return None, comp.package
+    (edit,) = comp.edits  # one package, one edit so far
+    source = module_dir(comp.module_dir, edit.module, go) / edit.package_dir
+    folder = out.parent / "edited" / comp.name
+    folder.mkdir(parents=True, exist_ok=True)
+    replace = {}
+    for original in sorted(source.glob("*.go")):
+        if original.name.endswith("_test.go"):
+            continue
+        text = original.read_text()
+        if original.name == edit.file:
+            if text.count(edit.old) != 1:
+                raise BuildError(f"{comp.name}: {edit.package_dir}/{edit.file} of {edit.module} "
+                                 f"has {text.count(edit.old)} copies of {edit.old!r}, not one: "
+                                 f"the edit ({edit.why}) needs a look at the new version")
+            text = text.replace(edit.old, edit.new)
+        copy = folder / original.name
+        copy.write_text(text)
+        replace[str(comp.module_dir / "_edited" / comp.name / original.name)] = str(copy)
+    overlay = folder.parent / f"{comp.name}.overlay.json"
+    overlay.write_text(json.dumps({"Replace": replace}))
+    return overlay, f"./_edited/{comp.name}"
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import ssl
 import subprocess
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import yaml
@@ -59,10 +59,11 @@ class Endpoints:
     webhook_port: int
     jobset_webhook_port: int
     trainer_webhook_port: int
+    kueue_webhook_port: int
 
     @classmethod
     def pick(cls) -> Endpoints:
-        return cls(*(free_port() for _ in range(7)))
+        return cls(*(free_port() for _ in fields(cls)))
 
     @property
     def api_url(self) -> str:
@@ -144,7 +145,7 @@ class TestCluster:
 
     def down(self) -> None:
         """Stops every process this state folder started, last started first."""
-        order = ["trainer-controller-manager", "jobset", "training-operator", "kwok",
+        order = ["kueue", "trainer-controller-manager", "jobset", "training-operator", "kwok",
                  "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"]
         alive = self.running()
         for name in sorted(alive, key=lambda n: order.index(n) if n in order else -1):
@@ -287,37 +288,53 @@ class TestCluster:
         ], env={"KUBECONFIG": str(self.admin_kubeconfig),
                 "MY_POD_NAMESPACE": NAMESPACE_OPERATOR})
         bootstrap.wait_ready(self)
-        self._start_trainer_v2(ep, paths["ca.crt"])
+        self._start_controllers(ep, paths["ca.crt"])
         log(f"testcluster: cluster ready ({time.monotonic() - started:.1f} s); "
             f"admin kubeconfig {self.admin_kubeconfig}")
         return self.admin_kubeconfig
 
-    def _start_trainer_v2(self, ep: Endpoints, ca: Path) -> None:
-        """The JobSet controller and Kubeflow Trainer v2 (trainer_v2.py): their
-        CRDs, the two controllers, then their webhooks, once they serve."""
-        from . import bootstrap, trainer_v2
+    def _start_controllers(self, ep: Endpoints, ca: Path) -> None:
+        """The JobSet controller, Kubeflow Trainer v2 (trainer_v2.py) and Kueue
+        (kueue.py), side by side: their CRDs, the three controllers, then
+        their webhooks, once each serves. Kueue looks for the Trainer's and
+        JobSet's CRDs when it sets up those integrations, so all CRDs come
+        first."""
+        from . import bootstrap, kueue, trainer_v2, webhooks
 
         api = bootstrap.api_client(self.admin_kubeconfig)
-        bootstrap.apply(api, trainer_v2.crd_docs())
-        self._wait("the Trainer and JobSet CRDs", lambda: trainer_v2.established(api), 60)
+        bootstrap.apply(api, [*trainer_v2.crd_docs(), kueue.namespace_doc(),
+                              *kueue.crd_docs(ep.kueue_webhook_port, ca.read_bytes())])
+        self._wait("the Trainer's, JobSet's and Kueue's CRDs",
+                   lambda: bootstrap.established(api, [*trainer_v2.CRDS, *kueue.crd_names()]),
+                   60)
         ports = {trainer_v2.TRAINER: ep.trainer_webhook_port,
                  trainer_v2.JOBSET: ep.jobset_webhook_port}
-        for name, how in trainer_v2.configure(self.state, ports).items():
+        controllers = {**trainer_v2.configure(self.state, ports),
+                       "kueue": kueue.configure(self.state, ep.kueue_webhook_port)}
+        for name, how in controllers.items():
             # Cluster admins, as the ClusterRoles of their own deployments allow.
             self._spawn(name, how["args"],
                         env={"KUBECONFIG": str(self.admin_kubeconfig), **how["env"]})
+        # Kueue names its reconcilers by logger: the Workloads', and the two
+        # job kinds Regatta makes.
         for name, controller in (("jobset", "jobset"),
-                                 ("trainer-controller-manager", "trainjob_controller")):
-            self._wait(f"the {controller} controller",
+                                 ("trainer-controller-manager", "trainjob_controller"),
+                                 ("kueue", "workload-reconciler"), ("kueue", "pytorchjob"),
+                                 ("kueue", "trainjob")):
+            self._wait(f"{name}'s {controller}",
                        lambda n=name, c=controller: self._workers_started(n, c), 90)
-        for module, port in ports.items():
-            self._wait(f"{module}'s webhook server",
-                       lambda p=port: trainer_v2.serving(p, ca), 30)
-        bootstrap.apply(api, trainer_v2.webhook_configurations(ports, ca.read_bytes()))
+        for what, port in ((trainer_v2.TRAINER, ep.trainer_webhook_port),
+                           (trainer_v2.JOBSET, ep.jobset_webhook_port),
+                           ("Kueue", ep.kueue_webhook_port)):
+            self._wait(f"{what}'s webhook server", lambda p=port: webhooks.serving(p, ca), 30)
+        bootstrap.apply(api, [
+            *trainer_v2.webhook_configurations(ports, ca.read_bytes()),
+            *kueue.webhook_configurations(ep.kueue_webhook_port, ca.read_bytes())])
 
     def _workers_started(self, name: str, controller: str) -> bool:
-        # zap writes `"controller": "x"` in console form and `"controller":"x"` in JSON.
-        marker = re.compile(rf'"controller":\s?"{re.escape(controller)}"')
+        # zap writes `"controller": "x"` in console form and `"controller":"x"` in
+        # JSON; Kueue names its reconcilers by their logger instead.
+        marker = re.compile(rf'"(?:controller|logger)":\s?"{re.escape(controller)}"')
         return any("Starting workers" in line and marker.search(line)
                    for line in (self.logs / f"{name}.log").read_text(errors="replace")
                    .splitlines())

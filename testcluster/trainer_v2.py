@@ -2,27 +2,20 @@
 
 Both come from the module in go/trainer (the Trainer's release pins the
 JobSet it is tested with), their CRDs from the same module sources, and
-their admission webhooks run for real: each controller serves its webhooks
-on a loopback port with a certificate of the cluster's CA, and the webhook
-configurations (the modules' own, as their kustomizations patch them) call
-it by URL instead of through a Service, which nothing routes to here. So a
-TrainJob is defaulted and validated by the Trainer, and a JobSet and its
-pods by JobSet, exactly as on a cluster. Their own cert rotators are off:
-they would write certificates for the Service's DNS name.
+their admission webhooks run for real, called by URL (webhooks.py): the
+modules' own webhook configurations, as their kustomizations patch them. So
+a TrainJob is defaulted and validated by the Trainer, and a JobSet and its
+pods by JobSet, exactly as on a cluster.
 """
 
 from __future__ import annotations
 
-import base64
 import json
-import socket
-import ssl
 from pathlib import Path
 
 import yaml
-from kubernetes import client as k8s
 
-from . import build, pki
+from . import build, pki, webhooks
 
 TRAINER = "github.com/kubeflow/trainer/v2"
 JOBSET = "sigs.k8s.io/jobset"
@@ -79,12 +72,7 @@ def webhook_configurations(ports: dict[str, int], ca_bundle: bytes) -> list[dict
     for module, docs in found.items():
         for doc in docs:
             doc["metadata"] = {"name": WEBHOOK_NAMES[(module, doc["kind"])]}
-            for hook in doc["webhooks"]:
-                path = hook["clientConfig"]["service"]["path"]
-                hook["clientConfig"] = {
-                    "url": f"https://127.0.0.1:{ports[module]}{path}",
-                    "caBundle": base64.b64encode(ca_bundle).decode()}
-            out.append(doc)
+            out.append(webhooks.by_url(doc, ports[module], ca_bundle))
     return out
 
 
@@ -123,28 +111,6 @@ def configure(state: Path, ports: dict[str, int]) -> dict[str, dict]:
         "trainer-controller-manager": {"args": [f"--config={trainer_cfg}"],
                                        "env": {"TMPDIR": str(trainer_tmp)}},
     }
-
-
-def serving(port: int, ca: Path) -> bool:
-    """Whether a webhook server answers TLS on the port with a certificate
-    the cluster's CA signed (the API server's own check, in short)."""
-    ctx = ssl.create_default_context(cafile=str(ca))
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-            with ctx.wrap_socket(sock, server_hostname="127.0.0.1"):
-                return True
-    except OSError:
-        return False
-
-
-def established(api: k8s.ApiClient) -> bool:
-    ext = k8s.ApiextensionsV1Api(api)
-    for name in CRDS:
-        crd = ext.read_custom_resource_definition(name)
-        if not any(c.type == "Established" and c.status == "True"
-                   for c in crd.status.conditions or []):
-            return False
-    return True
 
 
 def runtime_docs() -> list[dict]:

@@ -7,4 +7,5 @@ package tools
 import (
 	_ "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager"
 	_ "sigs.k8s.io/jobset"
+	_ "sigs.k8s.io/kueue/cmd/kueue"
 )
