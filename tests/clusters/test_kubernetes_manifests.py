@@ -356,16 +356,20 @@ def resources_of(pool, allocatable=None):
 
 def test_pods_are_guaranteed_qos_sized_from_the_placed_nodes_allocatable():
     resources = resources_of(make_pool(), {"cpu": "191", "memory": "2000Gi", "gpus": "8"})
-    # All 8 GPUs of the node: its allocatable less a tenth for its DaemonSets.
+    # All 8 GPUs of the node: its allocatable less a tenth for its DaemonSets,
+    # 1,843,200 MiB written as Go's resource.Quantity writes it, so that a
+    # controller round-tripping the object through Go's types sends back
+    # the same string (Kueue updating a TrainJob, whose trainer spec is
+    # immutable: test_kubernetes_kueue.py).
     assert resources["limits"] == {"nvidia.com/gpu": "8", "cpu": "171900m",
-                                   "memory": "1843200Mi"}
+                                   "memory": "1800Gi"}
     assert resources["requests"] == resources["limits"]
 
 
 def test_a_pool_may_set_cpu_and_memory_per_gpu_or_turn_qos_off():
     pool = make_pool(gpus_per_node=4, settings={"cpu_per_gpu": "22", "memory_per_gpu": "230Gi"})
     assert resources_of(pool)["limits"] == {"nvidia.com/gpu": "4", "cpu": "88",
-                                            "memory": f"{4 * 230 * 1024}Mi"}
+                                            "memory": "920Gi"}
     off = make_pool(settings={"guaranteed_qos": False})
     assert resources_of(off)["limits"] == {"nvidia.com/gpu": "8"}
     # An instance type Regatta does not know, and no node read: GPUs only.

@@ -189,7 +189,7 @@ def test_a_jobs_launch_creates_its_pytorchjob_and_token_secret(db, kube_world, c
         # Guaranteed QoS, sized from the nodes' allocatable (191 CPUs, 2000Gi)
         # less a tenth for their DaemonSets.
         assert container["resources"]["limits"] == {
-            "nvidia.com/gpu": "8", "cpu": "171900m", "memory": "1843200Mi"}
+            "nvidia.com/gpu": "8", "cpu": "171900m", "memory": "1800Gi"}
         assert container["resources"]["requests"] == container["resources"]["limits"]
         env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
         assert env["REGATTA_URL"] == settings.PUBLIC_URL

@@ -385,7 +385,11 @@ def _tolerations(pool: PoolInfo) -> list[k8s.V1Toleration]:
 
 
 def _env(name: str, value: str) -> k8s.V1EnvVar:
-    return k8s.V1EnvVar(name=name, value=str(value))
+    # An empty value is left out, as Go's types write it (`omitempty`): a
+    # controller that updates a TrainJob through them (Kueue, admitting it)
+    # would otherwise change `spec.trainer`, which the Trainer's CRD keeps
+    # immutable, and be refused.
+    return k8s.V1EnvVar(name=name, value=str(value) or None)
 
 
 def _trainer_env(request: LaunchRequest, settings: KubeSettings) -> list[k8s.V1EnvVar]:

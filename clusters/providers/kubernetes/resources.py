@@ -75,7 +75,18 @@ def cpu_memory(pool: PoolInfo, gpus: int, allocatable: dict | None = None) -> di
     millis = (cpu * gpus * 1000).to_integral_value(ROUND_FLOOR)
     mib = (memory * gpus / _MIB).to_integral_value(ROUND_FLOOR)
     cores, rest = divmod(int(millis), 1000)
-    return {"cpu": str(cores) if rest == 0 else f"{int(millis)}m", "memory": f"{int(mib)}Mi"}
+    return {"cpu": str(cores) if rest == 0 else f"{int(millis)}m", "memory": _mebibytes(int(mib))}
+
+
+def _mebibytes(mib: int) -> str:
+    """`mib` MiB in the canonical form Go's resource.Quantity writes (the
+    largest binary suffix that keeps it whole: 2048Mi is 2Gi). A controller
+    that round-trips a TrainJob through Go's types (Kueue) then sends back
+    the same string, and the Trainer's immutable `spec.trainer` is unchanged."""
+    for suffix, size in (("Ti", 1024 * 1024), ("Gi", 1024)):
+        if mib and mib % size == 0:
+            return f"{mib // size}{suffix}"
+    return f"{mib}Mi"
 
 
 def smallest_allocatable(nodes: list[dict]) -> dict | None:
