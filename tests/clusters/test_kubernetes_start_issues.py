@@ -1,5 +1,6 @@
 """What holds a gang back before any process runs, read from the pods, the
-PyTorchJob, Kueue's Workload and Volcano's PodGroup.
+PyTorchJob and Volcano's PodGroup (Kueue's Workload: test_kubernetes_kueue.py,
+on the real Kueue).
 
 Where the test cluster can produce the state, the tests read it from the
 real API server (tests/support/kube_cluster.py): kwok's kubelet failing an
@@ -7,8 +8,8 @@ image pull, the real scheduler leaving a pod Unschedulable (another
 tenant's pod holds the GPUs), the operator's own conditions.
 
 Still on tests/support/k8s_standin.py, for what the test cluster has no
-component for yet: Kueue's Workloads and Volcano's PodGroups (neither
-project, nor its CRDs, is among testcluster/'s modules), and the kubelet
+component for: Volcano's PodGroups (the Go module proxy refuses every
+version of volcano.sh/volcano, 403, so it cannot be built here), and the kubelet
 states kwok has no stage for (CreateContainerConfigError for a missing
 Secret, a registry's 429, ContainerCreating, our own token Secret arriving
 late).
@@ -45,8 +46,6 @@ PULL_NOT_FOUND = ('rpc error: code = NotFound desc = failed to pull and unpack i
 NO_GPUS = ("0/4 nodes are available: 1 node(s) were unschedulable, 3 Insufficient "
            "nvidia.com/gpu. preemption: 0/4 nodes are available: 4 No preemption victims "
            "found for incoming pod.")
-NO_QUOTA = ("couldn't assign flavors to pod set master: insufficient unused quota for "
-            "nvidia.com/gpu in flavor h100, 8 more needed")
 GANG = ("2/2 tasks in gang unschedulable: pod group is not ready, 2 minAvailable, "
         "2 Pending; Pending: 2 Undetermined")
 PLACES = [{"node": "n1", "node_rank": 0}, {"node": "n2", "node_rank": 1}]
@@ -244,35 +243,6 @@ def test_a_finished_attempt_carries_no_start_issues(kube_world, regatta, other_t
 
 # --- the provider reads the queue's objects --------------------------------------
 
-def test_a_kueue_suspended_job_waits_with_its_workloads_message(standin):
-    st.kueue_holds(standin, NO_QUOTA)
-    provider = KubernetesProvider(standin.api_client(), KubeSettings(
-        gang_scheduler="kueue", queue="team-a", request_timeout_s=5))
-    ref = provider.launch(make_request())
-
-    status = provider.observe(ref)
-
-    (wait,) = status.waits
-    assert (wait.reason, wait.message, wait.node_rank) == ("KueuePending", NO_QUOTA, None)
-    assert status.state == "running" and status.user_errors == ()
-    uid = standin.get(JOBS, "job-7-a2")["metadata"]["uid"]
-    (listed,) = standin.calls("GET", st.kueue_workloads(NS))
-    assert listed.query["labelSelector"] == f"kueue.x-k8s.io/job-uid={uid}"
-
-
-def test_an_admitted_workload_and_a_started_job_need_no_look_at_the_queue(standin):
-    provider = KubernetesProvider(standin.api_client(), KubeSettings(
-        gang_scheduler="kueue", queue="team-a", request_timeout_s=5))
-    ref = provider.launch(make_request())
-    job = standin.get(JOBS, "job-7-a2")
-    standin.put(st.kueue_workloads(NS), st.workload(job, admitted=True))
-    assert provider.observe(ref).start_issues == ()
-    job["status"] = {"conditions": [st.job_condition("Running")]}
-    before = len(standin.calls("GET", st.kueue_workloads(NS)))
-    assert provider.observe(ref).start_issues == ()
-    assert len(standin.calls("GET", st.kueue_workloads(NS))) == before
-
-
 def test_a_volcano_podgroup_that_cannot_be_placed_waits_with_volcanos_message(standin):
     provider = KubernetesProvider(standin.api_client(), KubeSettings(
         gang_scheduler="volcano", queue="training", request_timeout_s=5))
@@ -420,17 +390,6 @@ def test_an_unschedulable_gang_waits_with_its_reason_and_never_hangs(db, kube_wo
     job.refresh_from_db()
     attempt.refresh_from_db()
     assert attempt.failure_class == "hang"  # now the silence is a hang
-
-
-def test_a_kueue_held_job_waits_with_kueues_message(db, standin, fsx):
-    st.kueue_holds(standin, NO_QUOTA)
-    job, attempt, name, now = kube_job(standin, fsx, gang_scheduler="kueue", queue="team-a")
-    reconcile_job_unlocked(job.id, later(now, 5))
-    job.refresh_from_db()
-    assert job.phase == Phase.STARTING and NO_QUOTA in job.pending_reason
-    (event,) = job.events.filter(kind="WaitingToStart")
-    assert event.evidence["issues"] == [{"reason": "KueuePending", "message": NO_QUOTA,
-                                         "node_rank": None}]
 
 
 def test_a_volcano_gang_that_cannot_be_placed_waits_with_volcanos_message(db, standin, fsx):

@@ -6,8 +6,9 @@
   zero concurrency), and a watch's ERROR events (410 Gone, 500),
   test_kubernetes_provider.py (the provider watches without a
   resourceVersion, so the real server never answers it with 410);
-- Kueue's Workloads and Volcano's PodGroups (neither project, nor its CRDs,
-  is among testcluster/'s modules) and kubelet states kwok has no stage for
+- Volcano's PodGroups (the Go module proxy refuses every version of
+  volcano.sh/volcano, so it cannot be built here) and kubelet states kwok
+  has no stage for
   (CreateContainerConfigError, a registry's 429, ContainerCreating),
   test_kubernetes_start_issues.py.
 
@@ -396,7 +397,7 @@ def _parse_path(path: str):
 
 
 # --- what holds a gang back before it starts ----------------------------------
-# The shapes the kubelet, the scheduler, Kueue and Volcano write, as
+# The shapes the kubelet, the scheduler and Volcano write, as
 # `kubectl get -o json` shows them on a real cluster.
 
 def waiting_pod(job: str, replica_type: str, index: int, *, node_name: str, reason: str,
@@ -419,10 +420,6 @@ def waiting_pod(job: str, replica_type: str, index: int, *, node_name: str, reas
     return obj
 
 
-def kueue_workloads(ns: str) -> str:
-    return f"/apis/kueue.x-k8s.io/v1beta1/namespaces/{ns}/workloads"
-
-
 def volcano_podgroups(ns: str) -> str:
     return f"/apis/scheduling.volcano.sh/v1beta1/namespaces/{ns}/podgroups"
 
@@ -431,55 +428,6 @@ def _owner(job: dict) -> dict:
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
             "name": job["metadata"]["name"], "uid": job["metadata"]["uid"],
             "controller": True, "blockOwnerDeletion": True}
-
-
-def workload(job: dict, *, admitted: bool = False, message: str = "") -> dict:
-    """Kueue's Workload for a PyTorchJob: named with a hash of Kueue's own,
-    found by its job-uid label."""
-    meta = job["metadata"]
-    queue = (meta.get("labels") or {}).get("kueue.x-k8s.io/queue-name", "")
-    conditions = [{"type": "QuotaReserved", "status": "True" if admitted else "False",
-                   "reason": "QuotaReserved" if admitted else "Pending",
-                   "message": message or ("Quota reserved in ClusterQueue cluster-queue"
-                                          if admitted else "Waiting for quota"),
-                   "observedGeneration": 1, "lastTransitionTime": "2026-01-01T00:00:02Z"}]
-    if admitted:
-        conditions.append({"type": "Admitted", "status": "True", "reason": "Admitted",
-                           "message": "The workload is admitted", "observedGeneration": 1,
-                           "lastTransitionTime": "2026-01-01T00:00:02Z"})
-    return {
-        "apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
-        "metadata": {"name": f"pytorchjob-{meta['name']}-3f1a2", "namespace": meta["namespace"],
-                     "labels": {"kueue.x-k8s.io/job-uid": meta["uid"]},
-                     "ownerReferences": [_owner(job)]},
-        "spec": {"queueName": queue, "active": True, "priority": 0,
-                 "podSets": [{"name": name.lower(), "count": spec.get("replicas", 1)}
-                             for name, spec in job["spec"]["pytorchReplicaSpecs"].items()]},
-        "status": {"conditions": conditions},
-    }
-
-
-def kueue_holds(standin: K8sStandIn, message: str):
-    """Play Kueue with no quota left: its webhook suspends each new PyTorchJob
-    that names a queue, the operator marks it Suspended, and Kueue creates
-    its Workload, not admitted, with `message`. Returns the hook."""
-    def hook(method, collection, obj):
-        if method != "POST" or not collection.endswith("/pytorchjobs"):
-            return
-        if "kueue.x-k8s.io/queue-name" not in (obj["metadata"].get("labels") or {}):
-            return
-        obj["spec"].setdefault("runPolicy", {})["suspend"] = True
-        name = obj["metadata"]["name"]
-        obj["status"] = {"conditions": [
-            job_condition("Created", message=f"PyTorchJob {name} is created."),
-            {"type": "Suspended", "status": "True", "reason": "PyTorchJobSuspended",
-             "message": f"PyTorchJob {name} is suspended.",
-             "lastUpdateTime": "2026-01-01T00:00:02Z",
-             "lastTransitionTime": "2026-01-01T00:00:02Z"}]}
-        standin.put(kueue_workloads(obj["metadata"]["namespace"]),
-                    workload(obj, message=message))
-    standin.hooks.append(hook)
-    return hook
 
 
 def podgroup(job: dict, *, phase: str = "Pending", message: str = "") -> dict:

@@ -33,7 +33,7 @@ import pytest
 from django.conf import settings
 from kubernetes import client as k8s
 
-from testcluster import bootstrap, build
+from testcluster import bootstrap, build, kueue
 from testcluster.cluster import TestCluster
 from testcluster.fleet import Fleet, Pool
 from tests.support.waiting import eventually
@@ -54,6 +54,7 @@ class KubeWorld:
     regatta_kubeconfig: Path
     fleet: Fleet
     made_nodes: list[str] = field(default_factory=list)
+    made_queues: list[dict] = field(default_factory=list)
 
     def make_pool(self, size: int = 3, **kw) -> Pool:
         """A pool of kwok GPU nodes of its own, ready; removed after the test."""
@@ -68,6 +69,52 @@ class KubeWorld:
         eventually(lambda: not any(self._not_ready_taint(n) for n in names), timeout=30,
                    interval=0.1, what=f"the not-ready taint to leave {pool.name}'s nodes")
         return pool
+
+    def make_queue(self, pool: Pool, gpus: int) -> str:
+        """Kueue's ResourceFlavor for the pool's nodes, a ClusterQueue with
+        `gpus` of it (and CPU and memory to spare), and a LocalQueue in the
+        training namespace; returns the LocalQueue's name. Removed after the
+        test."""
+        docs = kueue.queues(TRAINING_NS, f"q-{pool.name}", pool.name,
+                            {"nvidia.com/gpu": gpus, "cpu": 1000, "memory": "100Ti"},
+                            pool.selector)
+        bootstrap.apply(self.admin, docs)
+        self.made_queues.extend(docs)
+        return docs[-1]["metadata"]["name"]
+
+    def workloads(self, namespace: str = TRAINING_NS) -> list[dict]:
+        return self.custom.list_namespaced_custom_object(
+            kueue.GROUP, kueue.VERSION, namespace, "workloads")["items"]
+
+    def remove_queues(self) -> None:
+        """The queues a test made, LocalQueue first; each is held by a
+        finalizer until no Workload uses it, so this follows clean_namespace."""
+        for doc in reversed(self.made_queues):
+            name, ns = doc["metadata"]["name"], doc["metadata"].get("namespace")
+            plural = doc["kind"].lower() + "s"
+            args = (kueue.GROUP, kueue.VERSION, ns, plural, name) if ns else (
+                kueue.GROUP, kueue.VERSION, plural, name)
+            delete = (self.custom.delete_namespaced_custom_object if ns
+                      else self.custom.delete_cluster_custom_object)
+            try:
+                delete(*args)
+            except k8s.ApiException as exc:
+                if exc.status != 404:
+                    raise
+            eventually(lambda a=args, n=ns: self._gone(a, n), timeout=30, interval=0.2,
+                       what=f"{doc['kind']} {name} to go")
+        self.made_queues.clear()
+
+    def _gone(self, args, namespaced) -> bool:
+        get = (self.custom.get_namespaced_custom_object if namespaced
+               else self.custom.get_cluster_custom_object)
+        try:
+            get(*args)
+        except k8s.ApiException as exc:
+            if exc.status == 404:
+                return True
+            raise
+        return False
 
     def _not_ready_taint(self, name: str) -> bool:
         taints = self.core.read_node(name).spec.taints or []
@@ -256,6 +303,7 @@ def kube_world(kube):
     and none of the nodes the test made."""
     yield kube
     kube.clean_namespace()
+    kube.remove_queues()
     for name in kube.made_nodes:
         try:
             kube.core.delete_node(name)
