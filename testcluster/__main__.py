@@ -58,6 +58,9 @@ def _up(args) -> int:
           f"in pool {pool.name} (label {pool.selector})")
     print(f"  admin:   KUBECONFIG={cluster.admin_kubeconfig}")
     print(f"  Regatta: KUBECONFIG={regatta}  (ServiceAccount regatta/regatta-control-plane)")
+    v = build.versions()
+    print(f"  runs:    training-operator {v['training-operator']}, Trainer {v['trainer']} with "
+          f"JobSet {v['jobset']}, Kueue {v['kueue']} (no queues yet: docs/kubernetes.md)")
     print(f"  logs:    {cluster.logs}/")
     print("  stop:    make kube-down")
     return 0
