@@ -181,6 +181,10 @@ class AttemptStatus:
     # Why parts of a "running" attempt have not started yet; providers that
     # cannot tell leave it empty, and start-up deadlines alone apply.
     start_issues: tuple[StartIssue, ...] = ()
+    # A gang scheduler took the admitted attempt back (Kueue evicted its
+    # Workload: a preemption, or the Workload deactivated), in its words: the
+    # ranks ended through no fault of their nodes or their code.
+    taken_back: str = ""
 
     @property
     def user_errors(self) -> tuple[StartIssue, ...]:

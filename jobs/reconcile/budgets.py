@@ -26,6 +26,8 @@ from jobs.models import DEFAULT_RESTART_BUDGETS, FailureClass
 
 # Classes whose failure can be the node's rather than the job's.
 NODE_CLASSES = (FailureClass.HARDWARE, FailureClass.PREEMPTED, FailureClass.HANG)
+# The `source` of a preemption by the cluster's gang scheduler (detect.py).
+GANG_SCHEDULER = "gang_scheduler"
 # Unconfirmed node failures in a row, each on nodes with no failure before,
 # after which the job is taken to be the cause.
 FRESH_NODE_STREAK = 3
@@ -117,6 +119,11 @@ def charge(job, failure, *, fresh: bool, now: datetime) -> Charge:
 
 
 def _who_pays(job, failure, fresh: bool, marks: dict, now, here: dict) -> tuple[bool, str]:
+    if failure.cls == FailureClass.PREEMPTED and failure.evidence.get("source") == GANG_SCHEDULER:
+        # Kueue took the attempt back for another workload (or an operator
+        # deactivated it there): neither the job's doing nor a node's, and
+        # Kueue paces its own re-admission.
+        return False, "taken back by the gang scheduler: charged to no one"
     if not is_pinned(failure):
         return True, "a failure of the job"
     if node_confirmed(failure):

@@ -5,7 +5,8 @@ on one of the attempt's nodes, heartbeats missed past the deadline (a hang).
 Classify: each ended node gets a class of its own (`node_class`, a pure
 function of what its ranks left behind); the attempt's root cause is the
 highest of them by `PRECEDENCE`: code error > a node killed or lost
-(hardware) > preempted > transient. A node whose ranks were killed while
+(hardware) > preempted > transient; an attempt its gang scheduler took back
+(Kueue) is preempted, unless a code error came first. A node whose ranks were killed while
 the others then failed with exit 84 is one hardware failure of that node:
 the 84s are its collateral.
 """
@@ -19,6 +20,7 @@ from clusters.models import NodeHealthEvent
 from controlplane.lib import receiver
 
 from ..models import FailureClass, JobAttempt, JobEvent, RankStatus
+from . import budgets
 from .common import Ctx
 
 CODE_EXITS = frozenset({1, 85})
@@ -102,6 +104,14 @@ def root_cause(groups: dict[str, list], crashed_with_code: list[JobEvent],
     trainer reported in a `crashed` event), by PRECEDENCE."""
     if groups[CODE] or crashed_with_code:
         return _code_failure(groups[CODE], crashed_with_code)
+    if status.taken_back:
+        # Its ranks were stopped because the gang scheduler (Kueue) took the
+        # attempt back: a preemption of the job, pinned to no node, whose
+        # relaunch goes through the scheduler again.
+        return Failure(FailureClass.PREEMPTED, status.taken_back,
+                       evidence={"source": budgets.GANG_SCHEDULER,
+                                 "message": status.taken_back},
+                       replace=False)
     if groups[KILLED]:
         return _killed_failure(groups)
     if groups[PREEMPTED]:

@@ -226,47 +226,51 @@ def test_the_provider_reads_the_workload_by_job_uid_and_stops_once_the_gang_star
     assert len(calls.calls("GET", "/apis/kueue.x-k8s.io/")) == before
 
 
-def test_a_job_kueue_evicts_is_relaunched_in_place_without_blaming_its_nodes(
-        db, kube_world, fsx):
+@pytest.mark.parametrize("job_api", ["pytorchjob", "trainjob"])
+def test_a_job_kueue_takes_back_is_a_preemption_relaunched_through_kueue(
+        db, kube_world, fsx, job_api):
     """Kueue takes back an admitted, running job (here its Workload is
     deactivated, as `kueuectl stop workload` does; a preemption evicts the
-    same way): it suspends the PyTorchJob and the operator deletes the pods.
-    Regatta sees its ranks gone with no sign from their nodes, cordons
-    nothing, relaunches in place, and the new attempt goes through Kueue
-    again. (Read as a process death, from the process budget: docs say so.)"""
-    pool, queue, cluster = kueue_cluster(kube_world, fsx, "pytorchjob", pool_size=2,
-                                         queue_gpus=16)
+    same way): it suspends the job and its pods go. Regatta reads Kueue's
+    Evicted condition: a preemption, charged to no budget, no node blamed
+    or cordoned, and the relaunch, on the same nodes, goes through Kueue
+    again."""
+    pool, queue, cluster = kueue_cluster(kube_world, fsx, job_api, pool_size=2, queue_gpus=16)
     now = timezone.now()
     reconcile_cluster_unlocked(cluster.id, now)
     team = team_with_quota(cluster, gpus=16)
     job, attempt, name = launched(cluster, team, fsx, "train", later(now, 1))
-    eventually(lambda: running_pods(kube_world, "pytorchjob", name, 2), timeout=90,
+    eventually(lambda: running_pods(kube_world, job_api, name, 2), timeout=90,
                interval=0.2, what="the pods to run")
     heartbeat(attempt, 1, later(now, 5))
     reconcile_job_unlocked(job.id, later(now, 6))
     job.refresh_from_db()
     assert job.phase == Phase.RUNNING
 
-    wl = workload_of(kube_world, kube_world.pytorchjob(name))
+    wl = workload_of(kube_world, job_object(kube_world, job_api, name))
     kube_world.custom.patch_namespaced_custom_object(
         "kueue.x-k8s.io", "v1beta2", wl["metadata"]["namespace"], "workloads",
         wl["metadata"]["name"], {"spec": {"active": False}})
-    eventually(lambda: suspended("pytorchjob", kube_world.pytorchjob(name))
-               and not kube_world.pods(f"{POD_LABEL['pytorchjob']}={name}"),
+    eventually(lambda: suspended(job_api, job_object(kube_world, job_api, name))
+               and not kube_world.pods(f"{POD_LABEL[job_api]}={name}"),
                timeout=60, interval=0.2, what="Kueue to suspend the job and its pods to go")
 
     for step in range(4):
         reconcile_job_unlocked(job.id, later(now, 10 + step))
     job.refresh_from_db()
     attempt.refresh_from_db()
-    assert attempt.failure_class == "process"
+    assert attempt.failure_class == "preempted"
+    assert "Kueue evicted the workload" in attempt.failure_reason
+    assert not (job.budget_spent or {}).get("preempted")
+    assert not job.events.filter(kind__in=["NodeFailed", "RankDied", "NodePreempted"]).exists()
     assert not Node.objects.filter(cluster=cluster, state=Node.State.CORDONED).exists()
+    assert not Node.objects.filter(cluster=cluster, failure_count__gt=0).exists()
     second = job.attempts.get(number=2)
     assert set(second.placements.values_list("node__name", flat=True)) == set(
         attempt.placements.values_list("node__name", flat=True))
     # The deactivated Workload gave its quota back: Kueue admits the new one.
     new = second.provider_ref["name"]
-    assert kube_world.pytorchjob(new)["metadata"]["labels"][
+    assert job_object(kube_world, job_api, new)["metadata"]["labels"][
         "kueue.x-k8s.io/queue-name"] == queue
-    eventually(lambda: running_pods(kube_world, "pytorchjob", new, 2), timeout=90,
+    eventually(lambda: running_pods(kube_world, job_api, new, 2), timeout=90,
                interval=0.2, what="Kueue to admit the relaunch")

@@ -35,7 +35,7 @@ from . import capacity
 from . import manifests as mf
 from .config import KubePoolSettings, KubeSettings, replace_mode
 from .errors import classify, is_status
-from .observe import attempt_status, node_info, node_signals, started
+from .observe import attempt_status, node_info, node_signals, started, suspended
 from .preflight import run_allreduce, run_dcgm_labels
 from .resources import smallest_allocatable
 from .trainjob import KIND as TRAINJOB_KIND
@@ -399,9 +399,10 @@ class KubernetesProvider:
                 label_selector=f"{mf.OPERATOR_JOB_LABEL}={name}",
             ).get("items", [])
         workload = podgroup = None
-        if job is not None and not started(job):
-            # Only a gang not yet started can be held back by its scheduler;
-            # reading its queue object then costs one call per observe.
+        if job is not None and (not started(job) or suspended(job)):
+            # Only a gang not yet started can be held back by its scheduler,
+            # and only a suspended one taken back by Kueue; reading its queue
+            # object then costs one call per observe.
             if self.settings.gang_scheduler == "kueue":
                 workload = self._workload(job)
             elif self.settings.gang_scheduler == "volcano":

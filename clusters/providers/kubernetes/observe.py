@@ -162,6 +162,29 @@ def queue_issues(job: dict, workload: dict | None = None,
     return issues
 
 
+def taken_back(suspended: bool, workload: dict | None) -> str:
+    """Kueue's words when it took an admitted job back: it suspends the job
+    and marks the Workload Evicted (a job it never admitted has no such
+    condition, and is a wait: queue_issues)."""
+    if not suspended or workload is None or not _true(workload, "Evicted"):
+        return ""
+    cond = condition(workload, "Evicted") or {}
+    return (f"Kueue evicted the workload ({cond.get('reason') or 'Evicted'}): "
+            f"{cond.get('message') or ''}").strip()[:500]
+
+
+def suspended(job: dict) -> bool:
+    """A PyTorchJob its gang scheduler (Kueue) holds or took back."""
+    return bool(((job.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
+
+
+def ended_by(placements: list[dict], why: str) -> tuple[NodeProcess, ...]:
+    """Every rank of an attempt its gang scheduler took back, ended."""
+    return tuple(NodeProcess(node=p["node"], node_rank=p["node_rank"], running=False,
+                             log_tail=why) for p in sorted(placements,
+                                                           key=lambda p: p["node_rank"]))
+
+
 def started(job: dict) -> bool:
     return _true(job, "Running") or condition(job, "Running") is not None
 
@@ -173,6 +196,10 @@ def attempt_status(job: dict | None, pods: list[dict], placements: list[dict], *
     `workload` and `podgroup` are the gang scheduler's view, if it has one."""
     if job is None:
         return AttemptStatus(state="unknown", message="the PyTorchJob no longer exists")
+    why = taken_back(suspended(job), workload)
+    if why:
+        return AttemptStatus(state="failed", nodes=ended_by(placements, why), message=why,
+                             taken_back=why)
     by_rank = {}
     for pod in pods:
         rank = node_rank(pod)

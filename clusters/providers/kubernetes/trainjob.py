@@ -19,7 +19,14 @@ from kubernetes import client as k8s
 from ..base import AttemptStatus, LaunchRequest, NodeProcess
 from . import manifests as mf
 from .config import KubeSettings
-from .observe import attempt_status_of, node_process, pod_issues, queue_issues
+from .observe import (
+    attempt_status_of,
+    ended_by,
+    node_process,
+    pod_issues,
+    queue_issues,
+    taken_back,
+)
 
 GROUP, VERSION, PLURAL = "trainer.kubeflow.org", "v1alpha1", "trainjobs"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -119,6 +126,11 @@ def _newest_by_rank(pods: list[dict]) -> dict[int, dict]:
     return by_rank
 
 
+def suspended(job: dict) -> bool:
+    """A TrainJob its gang scheduler (Kueue) holds or took back."""
+    return bool((job.get("spec") or {}).get("suspend"))
+
+
 def started(jobset: dict | None) -> bool:
     """Whether the JobSet's Jobs have made their pods: from then on a rank
     whose pod is missing has lost it."""
@@ -137,6 +149,10 @@ def attempt_status(job: dict | None, jobset: dict | None, pods: list[dict],
     chosen node; each rank is reported on the node its pod runs on."""
     if job is None:
         return AttemptStatus(state="unknown", message="the TrainJob no longer exists")
+    why = taken_back(suspended(job), workload)
+    if why:
+        return AttemptStatus(state="failed", nodes=ended_by(placements, why), message=why,
+                             taken_back=why)
     gang_failed = _true(job, "Failed") or _true(jobset, "Failed")
     by_rank = _newest_by_rank(pods)
     nodes, notes, issues = [], [], []

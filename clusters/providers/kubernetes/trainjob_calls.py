@@ -70,7 +70,8 @@ class TrainJobCalls:
             group, version, plural = tj.JOBSETS
             jobset = p._call(f"get JobSet {name}", p.custom.get_namespaced_custom_object,
                              group, version, self.ns, plural, name, ok=(404,))
-            if p.settings.gang_scheduler == "kueue" and not tj.started(jobset):
+            if p.settings.gang_scheduler == "kueue" and (not tj.started(jobset)
+                                                         or tj.suspended(job)):
                 workload = p._workload(job)
         status = tj.attempt_status(job, jobset, pods, ref.get("placements", []),
                                    workload=workload,
