@@ -15,9 +15,17 @@ from django.utils import timezone
 from kubernetes import client as k8s
 
 from clusters.models import NodePool
+from clusters.providers.base import Placement
 from clusters.reconcile import reconcile_cluster_unlocked
 from jobs.models import JobAttempt, Phase, TrainingJob
 from jobs.reconcile import reconcile_job_unlocked
+from testcluster import bootstrap
+from tests.clusters.test_kubernetes_provider import (
+    finished,
+    kwok_pool,
+    preflight_in_background,
+    provider_for,
+)
 from tests.clusters.test_kubernetes_real_cluster import (
     gpu_pool,
     kube_cluster,
@@ -25,7 +33,9 @@ from tests.clusters.test_kubernetes_real_cluster import (
     trainer_reports_crash,
 )
 from tests.fleet_helpers import heartbeat, later, launch, submit, team_with_quota
+from tests.support.kube_calls import Recorder
 from tests.support.kube_cluster import TRAINING_NS
+from tests.support.pod_logs import PodLogs
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -312,3 +322,65 @@ def test_a_spot_notice_drains_the_node_and_relaunches_the_trainjob_elsewhere(
     assert {p.spec.node_name for p in relaunched.values()} == new_nodes
     eventually(lambda: kube_world.trainjob(name) is None and not gang(kube_world, name),
                timeout=60, interval=0.2, what="the first attempt's TrainJob and pods to go")
+
+
+# --- the allreduce preflight as a TrainJob ---------------------------------------
+
+def preflight_pods(world, count):
+    """The preflight TrainJob's name and its pods by rank, once all run."""
+    names = [j["metadata"]["name"] for j in world.custom.list_namespaced_custom_object(
+        "trainer.kubeflow.org", "v1alpha1", TRAINING_NS, "trainjobs")["items"]
+        if j["metadata"]["name"].startswith("regatta-preflight-")]
+    if len(names) != 1:
+        return None
+    pods = running_pods(world, names[0], count)
+    return (names[0], pods) if pods else None
+
+
+@pytest.mark.parametrize("broken_rank", [None, 1])
+def test_the_allreduce_preflight_runs_as_a_trainjob_and_names_a_failed_node(
+        kube_world, broken_rank):
+    """With Trainer v2 alone, the default preflight: a TrainJob against the
+    same runtime, one pod per chosen node. The Trainer, JobSet and the Job
+    controller make its pods, the scheduler puts them on the chosen nodes;
+    a test plays what kwok cannot (each container's output and exit)."""
+    calls = Recorder(bootstrap.api_client(kube_world.regatta_kubeconfig))
+    pool, info = kwok_pool(kube_world, size=2)
+    provider = provider_for(calls, job_api="trainjob")
+    logs = PodLogs().install(provider)
+    placements = (Placement(pool.node_name(0), 0), Placement(pool.node_name(1), 1))
+    thread, out = preflight_in_background(provider, info, placements, timeout_s=90)
+    name, pods = eventually(lambda: preflight_pods(kube_world, 2), timeout=90, interval=0.2,
+                            what="the preflight's pods to run")
+    assert {p.spec.node_name for p in pods.values()} == {pool.node_name(0), pool.node_name(1)}
+    (container,) = pods[0].spec.containers
+    assert container.command[:2] == ["torchrun", "--no-python"]
+    env = {e.name: e.value for e in container.env}
+    assert env["PET_NNODES"] == "2" and env["PET_NPROC_PER_NODE"] == "1"
+    for rank, pod in pods.items():
+        logs.text[(TRAINING_NS, pod.metadata.name)] = (
+            "RuntimeError: NCCL error\n" if rank == broken_rank
+            else f'{{"rank": {rank}, "ok": true, "busbw_gbps": {40 + rank}.5}}\n')
+    if broken_rank is None:
+        for pod in pods.values():
+            kube_world.fleet.succeed_pod(TRAINING_NS, pod.metadata.name)
+    else:
+        kube_world.fleet.fail_pod(TRAINING_NS, pods[broken_rank].metadata.name, exit_code=1,
+                                  message="RuntimeError: NCCL error")
+    result = finished(thread, out)
+    if broken_rank is None:
+        assert result.ok, result.message
+        assert result.evidence["allreduce_gbps"] == 40.5
+        assert set(result.evidence["per_node"]) == {pool.node_name(0), pool.node_name(1)}
+    else:
+        broken_node = pods[broken_rank].spec.node_name
+        assert not result.ok and result.failed_nodes == (broken_node,)
+        assert broken_node in result.message
+    (watch,) = {c.query["fieldSelector"] for c in calls.calls(
+        "GET", f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{TRAINING_NS}/trainjobs")
+        if c.query.get("watch") == "True"}
+    assert watch == f"metadata.name={name}"
+    # The check cleans up after itself: the TrainJob, and by garbage
+    # collection its JobSet, Job and pods.
+    eventually(lambda: kube_world.trainjob(name) is None and not kube_world.pods(
+        f"{JOBSET_LABEL}={name}"), timeout=60, interval=0.2, what="the preflight to go")

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import pytest
 
+from clusters.providers.base import Placement
 from clusters.providers.kubernetes import KubeSettings
 from clusters.providers.kubernetes import manifests as mf
 from clusters.providers.kubernetes import trainjob as tj
 from controlplane.lib.typed_settings import SettingsError
-from tests.clusters.test_kubernetes_manifests import make_request
+from tests.clusters.test_kubernetes_manifests import make_pool, make_request
 
 
 def test_it_makes_a_trainjob_of_the_pytorchjobs_pod():
@@ -69,11 +70,39 @@ def test_a_trainjob_cluster_refuses_what_a_trainjob_cannot_carry():
     with pytest.raises(SettingsError) as refused:
         KubeSettings.parse({"job_api": "trainjob", "priority_class": "high",
                             "gang_scheduler": "volcano", "queue": "q"})
-    assert set(refused.value.problems) == {"priority_class", "gang_scheduler", "preflight"}
-    assert KubeSettings.parse({"job_api": "trainjob", "preflight": False}).job_api == "trainjob"
+    assert set(refused.value.problems) == {"priority_class", "gang_scheduler"}
+    # The allreduce preflight runs as a TrainJob too: the default stays.
+    assert KubeSettings.parse({"job_api": "trainjob"}).preflight == "allreduce"
     assert KubeSettings.parse({}).job_api == "pytorchjob"
     with pytest.raises(SettingsError):
         KubeSettings.parse({"job_api": "v3"})
+
+
+def test_the_allreduce_preflight_is_a_trainjob_of_one_process_per_chosen_node():
+    settings = KubeSettings.parse({"job_api": "trainjob", "gang_scheduler": "kueue",
+                                   "queue": "training", "nccl_env": {"NCCL_DEBUG": "WARN"}})
+    nodes = ("n0", "n1", "n2")
+    job = tj.preflight_train_job(make_pool(), tuple(Placement(n, i) for i, n in enumerate(nodes)),
+                                 settings, nonce="abc")
+    assert job["metadata"]["name"].startswith("regatta-preflight-")
+    assert job["metadata"]["labels"]["regatta.io/purpose"] == "preflight"
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "training"
+    assert job["spec"]["runtimeRef"]["name"] == settings.training_runtime
+    assert job["spec"]["activeDeadlineSeconds"] == 300
+    trainer = job["spec"]["trainer"]
+    assert trainer["numNodes"] == 3 and trainer["numProcPerNode"] == 1
+    # torchrun takes the rendezvous from the torch plugin's PET_* variables.
+    assert trainer["command"][:4] == ["torchrun", "--no-python", "python", "-c"]
+    assert trainer["command"][4] == mf.PREFLIGHT_SCRIPT
+    assert trainer["env"] == [{"name": "NCCL_DEBUG", "value": "WARN"}]
+    assert trainer["resourcesPerNode"]["limits"] == {"nvidia.com/gpu": "8"}
+    (patch,) = job["spec"]["runtimePatches"]
+    pod_spec = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0][
+        "template"]["spec"]["template"]["spec"]
+    terms = pod_spec["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert {v for t in terms for e in t["matchExpressions"] for v in e.get("values", [])
+            if v in nodes} == set(nodes)
 
 
 def pod(rank, node, phase="Running", exit_code=None, created="2026-01-01T00:00:00Z"):

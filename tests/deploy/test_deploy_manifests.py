@@ -121,7 +121,7 @@ def test_the_control_plane_gets_exactly_the_verbs_it_uses():
     assert role["metadata"]["namespace"] == "regatta-training"
     assert rules(role) == {
         (("kubeflow.org",), "pytorchjobs"): sorted(["create", "get", "list", "watch", "delete"]),
-        (("trainer.kubeflow.org",), "trainjobs"): sorted(["create", "get", "delete"]),
+        (("trainer.kubeflow.org",), "trainjobs"): sorted(["create", "get", "watch", "delete"]),
         (("jobset.x-k8s.io",), "jobsets"): ["get"],
         (("",), "pods"): sorted(["get", "list", "watch", "create", "delete"]),
         (("",), "pods/eviction"): ["create"],

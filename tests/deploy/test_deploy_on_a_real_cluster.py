@@ -50,6 +50,7 @@ def test_the_token_is_the_control_planes_service_account(as_regatta):
     ("watch", "pytorchjobs", "kubeflow.org", None),
     ("create", "trainjobs", "trainer.kubeflow.org", None),
     ("delete", "trainjobs", "trainer.kubeflow.org", None),
+    ("watch", "trainjobs", "trainer.kubeflow.org", None),
     ("get", "jobsets", "jobset.x-k8s.io", None),
     ("list", "pods", "", None),
     ("create", "pods", "", "eviction"),

@@ -35,6 +35,7 @@ from . import capacity
 from . import manifests as mf
 from .config import KubePoolSettings, KubeSettings, replace_mode
 from .errors import classify, is_status
+from .kinds import PYTORCHJOB, JobKind
 from .observe import attempt_status, node_info, node_signals, started, suspended
 from .preflight import run_allreduce, run_dcgm_labels
 from .resources import smallest_allocatable
@@ -125,10 +126,6 @@ class KubernetesProvider:
         resp = self._call(what, fn, *args, ok=ok, _preload_content=False, **kwargs)
         return None if resp is None else json.loads(resp.data)
 
-    def _get_job(self, name: str) -> dict | None:
-        return self._call(f"get PyTorchJob {name}", self.custom.get_namespaced_custom_object,
-                          mf.GROUP, mf.VERSION, self.ns, mf.PLURAL, name, ok=(404,))
-
     def _create_job(self, body: dict, attempt_id: str | None) -> dict:
         name = body["metadata"]["name"]
         try:
@@ -138,7 +135,7 @@ class KubernetesProvider:
         except ApiException as exc:
             if not is_status(exc, 409):
                 raise classify(exc, f"create PyTorchJob {name}") from exc
-        existing = self._get_job(name)
+        existing = self._get_kind(PYTORCHJOB, name)
         labels = (existing or {}).get("metadata", {}).get("labels") or {}
         if existing is None or labels.get(mf.MANAGED_BY) != mf.MANAGER or (
                 attempt_id is not None and labels.get(mf.LABEL_ATTEMPT) != attempt_id):
@@ -391,7 +388,7 @@ class KubernetesProvider:
         if ref.get("kind") == TRAINJOB_KIND:
             return self._trainjobs.observe(ref)
         name = ref["name"]
-        job = self._get_job(name)
+        job = self._get_kind(PYTORCHJOB, name)
         pods = []
         if job is not None:
             pods = self._json(
@@ -465,18 +462,19 @@ class KubernetesProvider:
         self._release_capacity(pool, {p.node for p in placements})
         return run_allreduce(self, pool, placements, timeout_s)
 
-    def watch_job(self, name: str, timeout_s: float) -> dict | None:
-        """Follow the PyTorchJob until it finishes or `timeout_s` passes; the
-        last state seen (None if it never appeared)."""
+    def watch_job(self, name: str, timeout_s: float, kind: JobKind | None = None) -> dict | None:
+        """Follow the job (a PyTorchJob unless `kind` says) until it finishes
+        or `timeout_s` passes; the last state seen (None if it never appeared)."""
+        kind = kind or PYTORCHJOB
         deadline = self._clock() + timeout_s
-        last = self._get_job(name)
-        while last is not None and not _finished(last):
+        last = self._get_kind(kind, name)
+        while last is not None and not kind.finished(last):
             remaining = deadline - self._clock()
             if remaining <= 0:
                 break
             stream = watch.Watch().stream(
-                self.custom.list_namespaced_custom_object, mf.GROUP, mf.VERSION, self.ns,
-                mf.PLURAL, field_selector=f"metadata.name={name}",
+                self.custom.list_namespaced_custom_object, *kind.resource[:2], self.ns,
+                kind.resource[2], field_selector=f"metadata.name={name}",
                 timeout_seconds=max(1, int(remaining)),
                 _request_timeout=max(1.0, remaining) + 5,
             )
@@ -487,17 +485,17 @@ class KubernetesProvider:
                     obj = event.get("object")
                     if isinstance(obj, dict) and obj.get("metadata", {}).get("name") == name:
                         last = obj
-                        if _finished(obj):
+                        if kind.finished(obj):
                             return obj
             except Exception as exc:
                 if not is_status(exc, 410):
-                    mapped = classify(exc, f"watch PyTorchJob {name}")
+                    mapped = classify(exc, f"watch {kind.name} {name}")
                     if mapped is exc:
                         raise
                     raise mapped from exc
                 # 410 Gone: the history the watch would resume from was
                 # compacted. Relist for the current state and watch again.
-                last = self._get_job(name)
+                last = self._get_kind(kind, name)
                 if last is None:
                     return None
             # The server closed the watch early: wait a little before the next one.
@@ -505,10 +503,11 @@ class KubernetesProvider:
         return last
 
 
+    def _get_kind(self, kind: JobKind, name: str) -> dict | None:
+        return self._call(f"get {kind.name} {name}", self.custom.get_namespaced_custom_object,
+                          *kind.resource[:2], self.ns, kind.resource[2], name, ok=(404,))
+
+
 def _instance(provider_id: str) -> str:
     return provider_id.rstrip("/").rsplit("/", 1)[-1] if provider_id else ""
 
-
-def _finished(job: dict) -> bool:
-    return any(c.get("type") in ("Succeeded", "Failed") and c.get("status") == "True"
-               for c in (job.get("status") or {}).get("conditions") or [])

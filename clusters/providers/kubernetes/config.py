@@ -100,11 +100,11 @@ class KubeSettings:
         if settings.gang_scheduler and not settings.queue:
             raise SettingsError("cluster", {"queue": f"is needed with {settings.gang_scheduler}"})
         if settings.job_api == "trainjob":
-            _check_trainjob(settings, (raw or {}).get("preflight", True))
+            _check_trainjob(settings)
         return settings
 
 
-def _check_trainjob(settings: KubeSettings, preflight: Any) -> None:
+def _check_trainjob(settings: KubeSettings) -> None:
     """What a TrainJob cannot carry, refused when the cluster is saved rather
     than dropped at launch (docs/kubernetes.md, "Trainer v2")."""
     errors = {}
@@ -116,11 +116,6 @@ def _check_trainjob(settings: KubeSettings, preflight: Any) -> None:
     if settings.priority_class:
         errors["priority_class"] = ("a TrainJob's runtimePatches cannot set it: set "
                                     "priorityClassName in the ClusterTrainingRuntime instead")
-    # `false` turns the check off (the job reconciler reads it so); the
-    # settings above read it as the default mode, hence the raw value here.
-    if preflight is not False and settings.preflight == "allreduce":
-        errors["preflight"] = ("the allreduce check runs as a PyTorchJob; with job_api "
-                               "trainjob use dcgm-labels or false")
     if errors:
         raise SettingsError("cluster", errors)
 

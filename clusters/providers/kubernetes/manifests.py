@@ -229,6 +229,21 @@ raise SystemExit(0 if ok else 3)
 """
 
 
+def _preflight_pod(pool: PoolInfo, placements: tuple[Placement, ...],
+                   settings: KubeSettings, name: str, command: list[str],
+                   peer_label: str) -> _PodParts:
+    """The preflight's pod: one per chosen node, on exactly those nodes."""
+    labels = {MANAGED_BY: MANAGER, LABEL_PURPOSE: "preflight"}
+    return _PodParts(
+        name=name, labels=labels, image=settings.preflight_image, command=command,
+        env=[_env(k, v) for k, v in sorted(nccl_env(pool, settings).items())],
+        gpus=pool.gpus_per_node, pool=pool, settings=settings,
+        service_account=settings.service_account, volumes=[], mounts=[],
+        # A few seconds' check: no QoS to keep, nothing a consolidation would cost.
+        cpu_memory={}, annotations=None, avoid=(), pin=True, peer_label=peer_label,
+    )
+
+
 def preflight_job(pool: PoolInfo, placements: tuple[Placement, ...],
                   settings: KubeSettings, nonce: str) -> kf.KubeflowOrgV1PyTorchJob:
     """A short all-reduce across the chosen nodes, one pod per node."""
@@ -236,25 +251,35 @@ def preflight_job(pool: PoolInfo, placements: tuple[Placement, ...],
         raise PermanentError("preflight needs at least one placement")
     placements = tuple(sorted(placements, key=lambda p: p.node_rank))
     name = preflight_name(placements, nonce)
-    labels = {MANAGED_BY: MANAGER, LABEL_PURPOSE: "preflight"}
-    pod = _PodParts(
-        name=name, labels=labels, image=settings.preflight_image,
-        command=["python", "-c", PREFLIGHT_SCRIPT], env=[_env(k, v) for k, v in sorted(
-            nccl_env(pool, settings).items())],
-        gpus=pool.gpus_per_node, pool=pool, settings=settings,
-        service_account=settings.service_account, volumes=[], mounts=[],
-        # A few seconds' check: no QoS to keep, nothing a consolidation would cost.
-        cpu_memory={}, annotations=None, avoid=(), pin=True, peer_label=OPERATOR_JOB_LABEL,
-    )
+    pod = _preflight_pod(pool, placements, settings, name,
+                         ["python", "-c", PREFLIGHT_SCRIPT], OPERATOR_JOB_LABEL)
     replicas = {"Master": _replica(pod, [placements[0].node], 1)}
     if len(placements) > 1:
         replicas["Worker"] = _replica(pod, [p.node for p in placements[1:]], len(placements) - 1)
-    job = _job(name, labels, settings, replicas, "1", len(placements))
+    job = _job(name, pod.labels, settings, replicas, "1", len(placements))
     # A preflight that cannot finish in a few minutes has found its answer, and
     # the operator removes one left behind by a worker that crashed meanwhile.
-    job.spec.run_policy.active_deadline_seconds = 300
+    job.spec.run_policy.active_deadline_seconds = PREFLIGHT_DEADLINE_S
     job.spec.run_policy.ttl_seconds_after_finished = 300
     return job
+
+
+PREFLIGHT_DEADLINE_S = 300
+
+
+def preflight_pod_template(pool: PoolInfo, placements: tuple[Placement, ...],
+                           settings: KubeSettings, name: str,
+                           peer_label: str) -> k8s.V1PodTemplateSpec:
+    """The preflight's pod for a workload whose pods share one template (a
+    TrainJob, trainjob.py): under torchrun, which takes its rendezvous from
+    the PET_* variables the workload's controller sets (one process per
+    node), then runs the same script as the PyTorchJob's pods."""
+    if not placements:
+        raise PermanentError("preflight needs at least one placement")
+    command = ["torchrun", "--no-python", "python", "-c", PREFLIGHT_SCRIPT]
+    pod = _preflight_pod(pool, placements, settings, name, command, peer_label)
+    nodes = [p.node for p in placements]
+    return _replica(pod, nodes, len(nodes)).template
 
 
 # --- parts -------------------------------------------------------------------

@@ -1,9 +1,11 @@
 """Preflight checks before an attempt starts, in one of two ways (the
 cluster setting `preflight`):
 
-- "allreduce" (default): a small PyTorchJob, one pod per chosen node, runs a
-  few all-reduces and reports the bus bandwidth; a node whose pod fails is
-  named in `failed_nodes`.
+- "allreduce" (default): a small job, one pod per chosen node, runs a few
+  all-reduces and reports the bus bandwidth; a node whose pod fails is
+  named in `failed_nodes`. A PyTorchJob, or with `job_api: trainjob` a
+  TrainJob against the same runtime as the attempts (trainjob.py), so a
+  cluster with Trainer v2 alone runs it too.
 - "dcgm-labels": no pods at all. The check is delegated to the node health
   checks that already run on the nodes (NVIDIA DCGM through EKS's node
   monitoring agent, the device plugin's XID checks): a node passes when it
@@ -20,6 +22,8 @@ from controlplane.lib.errors import TemporaryError
 
 from ..base import Placement, PoolInfo, PreflightResult
 from . import manifests as mf
+from . import trainjob as tj
+from .kinds import PYTORCHJOB, TRAINJOB
 from .observe import node_info, node_rank, node_signals
 
 
@@ -51,46 +55,55 @@ def run_dcgm_labels(provider, placements: tuple[Placement, ...]) -> PreflightRes
 def run_allreduce(provider, pool: PoolInfo, placements: tuple[Placement, ...],
                   timeout_s: float) -> PreflightResult:
     started = provider._clock()
-    job = mf.to_dict(mf.preflight_job(pool, placements, provider.settings,
-                                      nonce=uuid.uuid4().hex))
+    nonce = uuid.uuid4().hex
+    if provider.settings.job_api == "trainjob":
+        kind, rank_of, container = TRAINJOB, tj.rank_of, tj.CONTAINER
+        job = tj.preflight_train_job(pool, placements, provider.settings, nonce)
+        selector = tj.pods_selector(job["metadata"]["name"])
+        provider._trainjobs.create(job)
+    else:
+        kind, rank_of, container = PYTORCHJOB, node_rank, mf.CONTAINER
+        job = mf.to_dict(mf.preflight_job(pool, placements, provider.settings, nonce=nonce))
+        selector = f"{mf.OPERATOR_JOB_LABEL}={job['metadata']['name']}"
+        provider._create_job(job, None)
     name = job["metadata"]["name"]
-    provider._create_job(job, None)
     try:
-        final = provider.watch_job(name, timeout_s)
-        pods = provider._json(
-            f"list pods of {name}", provider.core.list_namespaced_pod, provider.ns,
-            label_selector=f"{mf.OPERATOR_JOB_LABEL}={name}",
-        ).get("items", [])
-        return _result(provider, name, final, pods, placements,
+        final = provider.watch_job(name, timeout_s, kind)
+        pods = provider._json(f"list pods of {name}", provider.core.list_namespaced_pod,
+                              provider.ns, label_selector=selector).get("items", [])
+        reports = {p["metadata"]["name"]: _report(provider, p["metadata"]["name"], container)
+                   for p in pods if (p.get("status") or {}).get("phase") == "Succeeded"}
+        return _result(kind, name, final, pods, reports, rank_of, placements,
                        provider._clock() - started, timeout_s)
     finally:
         try:
             provider._call(f"delete preflight {name}",
-                           provider.custom.delete_namespaced_custom_object, mf.GROUP,
-                           mf.VERSION, provider.ns, mf.PLURAL, name,
+                           provider.custom.delete_namespaced_custom_object,
+                           *kind.resource[:2], provider.ns, kind.resource[2], name,
                            body={"propagationPolicy": "Background"}, ok=(404,))
         except TemporaryError:
-            pass  # ttlSecondsAfterFinished removes it anyway
+            pass  # the job's deadline (and a PyTorchJob's TTL) end it anyway
 
 
-def _result(provider, name, final, pods, placements, seconds, timeout_s) -> PreflightResult:
+def _result(kind, name, final, pods, reports, rank_of, placements, seconds,
+            timeout_s) -> PreflightResult:
     ordered = [p.node for p in sorted(placements, key=lambda p: p.node_rank)]
     per_node, failed, bandwidth = {}, [], []
     for pod in pods:
-        rank = node_rank(pod)
+        rank = rank_of(pod)
         if rank is None:
             continue
         node = (pod.get("spec") or {}).get("nodeName") or (
             ordered[rank] if rank < len(ordered) else "")
         phase = (pod.get("status") or {}).get("phase", "Unknown")
-        report = _report(provider, pod["metadata"]["name"]) if phase == "Succeeded" else {}
+        report = reports.get(pod["metadata"]["name"], {})
         per_node[node] = {"phase": phase, **report}
         if "busbw_gbps" in report:
             bandwidth.append(report["busbw_gbps"])
         if phase == "Failed" or (phase == "Succeeded" and report.get("ok") is False):
             failed.append(node)
     succeeded = final is not None and any(
-        c.get("type") == "Succeeded" and c.get("status") == "True"
+        c.get("type") in ("Succeeded", "Complete") and c.get("status") == "True"
         for c in (final.get("status") or {}).get("conditions") or [])
     evidence = {"method": "allreduce", "job": name, "seconds": round(seconds, 3),
                 "per_node": per_node}
@@ -102,17 +115,17 @@ def _result(provider, name, final, pods, placements, seconds, timeout_s) -> Pref
     if failed:
         message = f"all-reduce failed on {', '.join(sorted(failed))}"
     elif final is None:
-        message = "the preflight PyTorchJob disappeared"
+        message = f"the preflight {kind.name} disappeared"
     else:
         message = f"all-reduce did not finish within {timeout_s:.0f}s"
     return PreflightResult(ok=False, failed_nodes=tuple(sorted(failed)), evidence=evidence,
                            message=message)
 
 
-def _report(provider, pod: str) -> dict:
+def _report(provider, pod: str, container: str) -> dict:
     """The JSON line the preflight script prints, from the pod's log."""
     text = provider._call(f"read log of {pod}", provider.core.read_namespaced_pod_log, pod,
-                          provider.ns, container=mf.CONTAINER, tail_lines=20, ok=(400, 404))
+                          provider.ns, container=container, tail_lines=20, ok=(400, 404))
     for line in reversed((text or "").splitlines()):
         try:
             doc = json.loads(line)

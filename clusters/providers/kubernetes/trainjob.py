@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from kubernetes import client as k8s
 
-from ..base import AttemptStatus, LaunchRequest, NodeProcess
+from ..base import AttemptStatus, LaunchRequest, NodeProcess, Placement, PoolInfo
 from . import manifests as mf
 from .config import KubeSettings
 from .observe import (
@@ -53,9 +53,30 @@ def train_job(request: LaunchRequest, settings: KubeSettings,
     """The TrainJob for one attempt: `numNodes` pods, one per chosen node."""
     template = mf.to_dict(mf.attempt_pod_template(request, settings, allocatable,
                                                   peer_label=JOBSET_NAME_LABEL))
+    return _train_job(request.name, mf.labels_for(request.job_id, request.attempt_id),
+                      settings, template, len(request.placements), request.nproc_per_node)
+
+
+def preflight_train_job(pool: PoolInfo, placements: tuple[Placement, ...],
+                        settings: KubeSettings, nonce: str) -> dict:
+    """The all-reduce preflight (manifests.PREFLIGHT_SCRIPT) as a TrainJob
+    against the same runtime: one pod per chosen node, one process each."""
+    name = mf.preflight_name(placements, nonce)
+    template = mf.to_dict(mf.preflight_pod_template(pool, placements, settings, name,
+                                                    peer_label=JOBSET_NAME_LABEL))
+    job = _train_job(name, template["metadata"]["labels"], settings, template,
+                     len(placements), 1)
+    # A check that cannot finish in a few minutes has found its answer.
+    job["spec"]["activeDeadlineSeconds"] = mf.PREFLIGHT_DEADLINE_S
+    return job
+
+
+def _train_job(name: str, labels: dict, settings: KubeSettings, template: dict,
+               nodes: int, nproc_per_node: int) -> dict:
+    """A TrainJob against the cluster's runtime: the pod's container in
+    `trainer`, the rest of the pod in a runtime patch of the `node` Job."""
     spec = template["spec"]
     (container,) = spec["containers"]
-    labels = mf.labels_for(request.job_id, request.attempt_id)
     job_labels = dict(labels)
     if settings.gang_scheduler == "kueue":
         job_labels[mf.KUEUE_QUEUE_LABEL] = settings.queue
@@ -66,21 +87,26 @@ def train_job(request: LaunchRequest, settings: KubeSettings,
         "metadata": template["metadata"], "spec": pod_patch}}}}
     return {
         "apiVersion": API_VERSION, "kind": KIND,
-        "metadata": {"name": request.name, "namespace": settings.namespace,
-                     "labels": job_labels},
+        "metadata": {"name": name, "namespace": settings.namespace, "labels": job_labels},
         "spec": {
             "runtimeRef": {"name": settings.training_runtime, "apiGroup": GROUP,
                            "kind": "ClusterTrainingRuntime"},
+            # No empty `env`: Go's types leave it out (omitempty), and Kueue
+            # updates a TrainJob through them, where spec.trainer is immutable.
             "trainer": {
                 "image": container["image"], "command": container["command"],
-                "env": container["env"], "numNodes": len(request.placements),
-                "numProcPerNode": request.nproc_per_node,
+                **({"env": container["env"]} if container.get("env") else {}),
+                "numNodes": nodes, "numProcPerNode": nproc_per_node,
                 "resourcesPerNode": container["resources"],
             },
             "runtimePatches": [{"manager": PATCH_MANAGER, "trainingRuntimeSpec": {
                 "template": {"spec": {"replicatedJobs": [replicated]}}}}],
         },
     }
+
+
+def finished(job: dict | None) -> bool:
+    return _true(job, "Complete") or _true(job, "Failed")
 
 
 def owner_reference(job: dict) -> k8s.V1OwnerReference:
@@ -108,7 +134,8 @@ def _true(obj: dict | None, kind: str) -> bool:
     return bool(cond) and cond.get("status") == "True"
 
 
-def _rank(pod: dict) -> int | None:
+def rank_of(pod: dict) -> int | None:
+    """A pod's node rank: its Job completion index."""
     labels = (pod.get("metadata") or {}).get("labels") or {}
     try:
         return int(labels.get(COMPLETION_INDEX_LABEL, ""))
@@ -120,7 +147,7 @@ def _newest_by_rank(pods: list[dict]) -> dict[int, dict]:
     """One pod per rank: the newest, should a JobSet restart have made its Jobs again."""
     by_rank: dict[int, dict] = {}
     for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or ""):
-        rank = _rank(pod)
+        rank = rank_of(pod)
         if rank is not None:
             by_rank[rank] = pod
     return by_rank

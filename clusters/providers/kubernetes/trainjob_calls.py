@@ -27,7 +27,7 @@ class TrainJobCalls:
         return self.p._call(f"get TrainJob {name}", self.p.custom.get_namespaced_custom_object,
                             tj.GROUP, tj.VERSION, self.ns, tj.PLURAL, name, ok=(404,))
 
-    def _create(self, body: dict, attempt_id: str) -> dict:
+    def create(self, body: dict, attempt_id: str = "") -> dict:
         name = body["metadata"]["name"]
         try:
             return self.p.custom.create_namespaced_custom_object(
@@ -50,7 +50,7 @@ class TrainJobCalls:
         secret = mf.token_secret(request, p.settings)
         body = tj.train_job(request, p.settings, p._allocatable(request))
         p._release_capacity(request.pool, {pl.node for pl in request.placements})
-        job = self._create(body, str(request.attempt_id))
+        job = self.create(body, str(request.attempt_id))
         secret.metadata.owner_references = [tj.owner_reference(job)]
         p._ensure_secret(mf.to_dict(secret), str(request.attempt_id))
         return {
