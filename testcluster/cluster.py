@@ -302,11 +302,12 @@ class TestCluster:
         from . import bootstrap, kueue, trainer_v2, webhooks
 
         api = bootstrap.api_client(self.admin_kubeconfig)
-        bootstrap.apply(api, [*trainer_v2.crd_docs(), kueue.namespace_doc(),
-                              *kueue.crd_docs(ep.kueue_webhook_port, ca.read_bytes())])
+        crds = [*trainer_v2.crd_docs(),
+                *kueue.crd_docs(ep.kueue_webhook_port, ca.read_bytes())]
+        bootstrap.apply(api, [*crds, kueue.namespace_doc()])
+        names = [doc["metadata"]["name"] for doc in crds]
         self._wait("the Trainer's, JobSet's and Kueue's CRDs",
-                   lambda: bootstrap.established(api, [*trainer_v2.CRDS, *kueue.crd_names()]),
-                   60)
+                   lambda: bootstrap.established(api, names), 60)
         ports = {trainer_v2.TRAINER: ep.trainer_webhook_port,
                  trainer_v2.JOBSET: ep.jobset_webhook_port}
         controllers = {**trainer_v2.configure(self.state, ports),

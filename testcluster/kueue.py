@@ -69,10 +69,6 @@ def crd_docs(port: int, ca_bundle: bytes) -> list[dict]:
     return docs
 
 
-def crd_names() -> list[str]:
-    return [d["metadata"]["name"] for d in _crds()[0]]
-
-
 def webhook_configurations(port: int, ca_bundle: bytes) -> list[dict]:
     """webhook/manifests.yaml with webhook/kustomization.yaml's strategic
     merge patches (namespace selectors, merged by webhook name)."""

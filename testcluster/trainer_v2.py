@@ -28,8 +28,6 @@ WEBHOOK_NAMES = {
     (JOBSET, "MutatingWebhookConfiguration"): "jobset-mutating-webhook-configuration",
     (JOBSET, "ValidatingWebhookConfiguration"): "jobset-validating-webhook-configuration",
 }
-CRDS = ("trainjobs.trainer.kubeflow.org", "trainingruntimes.trainer.kubeflow.org",
-        "clustertrainingruntimes.trainer.kubeflow.org", "jobsets.jobset.x-k8s.io")
 
 
 def _docs(path: Path) -> list[dict]:

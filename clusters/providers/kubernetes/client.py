@@ -502,7 +502,6 @@ class KubernetesProvider:
             self._sleep(min(1.0, max(0.0, deadline - self._clock())))
         return last
 
-
     def _get_kind(self, kind: JobKind, name: str) -> dict | None:
         return self._call(f"get {kind.name} {name}", self.custom.get_namespaced_custom_object,
                           *kind.resource[:2], self.ns, kind.resource[2], name, ok=(404,))

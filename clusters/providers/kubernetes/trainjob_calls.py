@@ -13,6 +13,7 @@ from ..base import AttemptStatus, LaunchRequest
 from . import manifests as mf
 from . import trainjob as tj
 from .errors import classify, is_status
+from .kinds import TRAINJOB
 
 
 class TrainJobCalls:
@@ -24,8 +25,7 @@ class TrainJobCalls:
         return self.p.ns
 
     def get(self, name: str) -> dict | None:
-        return self.p._call(f"get TrainJob {name}", self.p.custom.get_namespaced_custom_object,
-                            tj.GROUP, tj.VERSION, self.ns, tj.PLURAL, name, ok=(404,))
+        return self.p._get_kind(TRAINJOB, name)
 
     def create(self, body: dict, attempt_id: str = "") -> dict:
         name = body["metadata"]["name"]
