@@ -108,6 +108,14 @@ def parse_host_port(value: str) -> str:
     return value
 
 
+def reachable_url(bind: str) -> str:
+    """The http URL that reaches a server bound at `bind` from this machine: a
+    wildcard address (0.0.0.0, [::]) is reached on the loopback."""
+    host, _, port = bind.rpartition(":")
+    host = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]"}.get(host, host)
+    return f"http://{host}:{port}"
+
+
 def env_host_port(name: str, default: str) -> str:
     value = _raw(name)
     if value is None:

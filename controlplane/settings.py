@@ -24,6 +24,7 @@ from .env import (
     env_storage_roots,
     env_str,
     env_url,
+    reachable_url,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -52,9 +53,13 @@ def _state_secret_key(path: Path) -> str:
     return path.read_text().strip()
 
 
+# Where `manage.py regatta_up` (`make run`) serves the web.
+REGATTA_BIND = env_host_port("REGATTA_BIND", "127.0.0.1:8000")
 # Where ranks and people reach the web (the trainer's control-plane URL,
-# job links in webhooks).
-PUBLIC_URL = env_str("REGATTA_PUBLIC_URL", "http://127.0.0.1:8000")
+# job links in webhooks). Unset, it is where the web is bound, so moving the
+# web to another port moves the ranks with it: a rank that cannot reach the
+# web trains on but reports nothing until its run ends.
+PUBLIC_URL = env_str("REGATTA_PUBLIC_URL", reachable_url(REGATTA_BIND))
 SECRET_KEY = env_str("SECRET_KEY") or _state_secret_key(STATE_DIR / "secret_key")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
@@ -251,8 +256,6 @@ SPECTACULAR_SETTINGS = {
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("REGATTA_MAX_BODY_BYTES", 1_048_576, minimum=1024)
 
 # --- fleet ----------------------------------------------------------------
-# Where `manage.py regatta_up` (`make run`) serves the web.
-REGATTA_BIND = env_host_port("REGATTA_BIND", "127.0.0.1:8000")
 HEARTBEAT_DEADLINE_S = env_float("REGATTA_HEARTBEAT_DEADLINE_S", 60.0, minimum=1.0)
 CHECKPOINT_ROOT = env_path("REGATTA_CHECKPOINT_ROOT", STATE_DIR / "checkpoints")
 # Where jobs may keep checkpoints: absolute paths and s3://bucket/prefix roots,

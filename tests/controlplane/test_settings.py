@@ -17,6 +17,7 @@ from controlplane.env import (
     env_int,
     env_list,
     env_url,
+    reachable_url,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,6 +77,15 @@ def test_it_names_the_variable_of_a_bad_value(monkeypatch, reader, value, fragme
 def test_it_reads_a_host_and_port(monkeypatch, value, expected):
     monkeypatch.setenv("REGATTA_X", value)
     assert env_host_port("REGATTA_X", "127.0.0.1:8000") == expected
+
+
+@pytest.mark.parametrize(("bind", "url"), [
+    ("127.0.0.1:8000", "http://127.0.0.1:8000"), ("0.0.0.0:8123", "http://127.0.0.1:8123"),
+    ("[::]:9000", "http://[::1]:9000"), ("[::1]:9000", "http://[::1]:9000"),
+    ("regatta.internal:80", "http://regatta.internal:80"),
+])
+def test_a_server_bound_anywhere_is_reached_on_its_own_port(bind, url):
+    assert reachable_url(bind) == url
 
 
 def test_it_reads_a_choice_whatever_its_case(monkeypatch):
@@ -189,7 +199,7 @@ def _settings_of(state_dir, names, **env):
     code = ("import django; django.setup(); from django.conf import settings;"
             f" print(*[getattr(settings, n) for n in {names!r}])")
     base = {k: v for k, v in os.environ.items()
-            if k not in ("REGATTA_PUBLIC_URL", "REGATTA_SECURE_COOKIES")}
+            if k not in ("REGATTA_PUBLIC_URL", "REGATTA_SECURE_COOKIES", "REGATTA_BIND")}
     return subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
         env={**base, **env, "REGATTA_STATE_DIR": str(state_dir),
@@ -209,6 +219,21 @@ def test_cookies_are_secure_when_the_web_is_served_over_https(tmp_path, env, sec
     out = _settings_of(tmp_path, ["SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE"], **env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [secure, secure]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("env", "url"), [
+    ({}, "http://127.0.0.1:8000"),
+    ({"REGATTA_BIND": "0.0.0.0:8123"}, "http://127.0.0.1:8123"),
+    ({"REGATTA_BIND": "0.0.0.0:8123", "REGATTA_PUBLIC_URL": "https://regatta.example.com"},
+     "https://regatta.example.com"),
+])
+def test_ranks_report_where_the_web_is_bound_unless_a_public_url_is_set(tmp_path, env, url):
+    """A web moved to another port takes the ranks' reporting URL with it;
+    before, they kept sending to :8000 and the job showed no metrics."""
+    out = _settings_of(tmp_path, ["PUBLIC_URL"], **env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [url]
 
 
 @pytest.mark.slow

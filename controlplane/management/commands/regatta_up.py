@@ -29,6 +29,9 @@ class Command(BaseCommand):
     def handle(self, *args, bind, web_workers, **options):
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self.stopping = False
+        # The children read the bind too: unless REGATTA_PUBLIC_URL says
+        # otherwise, the worker hands ranks this address to report to.
+        self.env = {**os.environ, "REGATTA_BIND": bind}
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         try:
@@ -73,7 +76,7 @@ class Command(BaseCommand):
     def _spawn(self, name, argv):
         # Each child leads its own process group, so stopping it takes its
         # children (granian's and celery's workers) along.
-        proc = subprocess.Popen(argv, start_new_session=True)
+        proc = subprocess.Popen(argv, start_new_session=True, env=self.env)
         self.procs.append((name, proc))
 
     def _shutdown(self):
