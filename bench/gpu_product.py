@@ -23,7 +23,7 @@ The GPU machine has Python 3.12 with torch but none of the control plane's
 packages, and no network. Fetch them here, as wheels for that Python, and
 carry them (the `.whl/` folder is git-ignored):
 
-    python bench/gpu_product.py wheels .whl      # here: ~34 MB of wheels
+    python bench/gpu_product.py wheels .whl      # here: 36 wheels, ~39 MiB
 
 then, there (the device tool's `run`, `carry: [".whl"]`), after
 bench/gpu_acceptance.py in the same call: `bash bench/gpu_session.sh`, or
