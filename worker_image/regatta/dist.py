@@ -43,8 +43,8 @@ def init(startup_timeout_s: float) -> Dist:
         os.environ["MASTER_PORT"] = str(_free_port())
     local_rank = int(os.environ["LOCAL_RANK"])
     if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
-        device, backend = torch.device("cuda", local_rank), "nccl"
+        device, backend = cuda_device(local_rank), "nccl"
+        torch.cuda.set_device(device)
     else:
         device, backend = torch.device("cpu"), "gloo"
     timeout = timedelta(seconds=startup_timeout_s)
@@ -67,6 +67,20 @@ def init(startup_timeout_s: float) -> Dist:
         ckpt_group=ckpt_group,
         control_group=control_group,
     )
+
+
+def cuda_device(local_rank: int) -> torch.device:
+    """This rank's GPU: the one at its local rank. More ranks on a node than
+    it has GPUs is a launch mistake (`--nproc-per-node`, or a job's
+    `gpus_per_node` above the node's), and CUDA would say only "invalid
+    device ordinal"; NCCL cannot put two ranks on one GPU either."""
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        raise RuntimeError(
+            f"LOCAL_RANK {local_rank} has no GPU of its own: this node shows {count} CUDA "
+            f"device(s) (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"
+            f"; start at most {count} rank(s) per node (torchrun --nproc-per-node)")
+    return torch.device("cuda", local_rank)
 
 
 def tighten_timeout(seconds: float) -> None:
