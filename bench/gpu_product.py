@@ -1,7 +1,8 @@
 """The whole product on one GPU, once: the control plane on its embedded
 defaults (SQLite, the embedded redis-server, web, worker, beat) and a local
 fleet of one node and one spare, both on the same GPU, running one job of the
-built-in trainer over NCCL. A node of it is killed through the API; the run
+built-in trainer over NCCL (the pool's `devices` is `cuda`: docs/fleet.md).
+A node of it is killed through the API; the run
 is checked end to end, as a user would see it through the REST API:
 
 1. the job reports live metrics (loss points arrive while it runs);
@@ -183,7 +184,8 @@ class Run:
 
     def start(self) -> Api:
         self.manage("migrate", "--noinput")
-        demo = self.manage("regatta_demo", "--no-job", "--nodes", "1", "--spares", "1")
+        demo = self.manage("regatta_demo", "--no-job", "--nodes", "1", "--spares", "1",
+                           "--devices", self.args.devices)
         token = re.search(r"(rgt_\S+)", demo).group(1)
         log = open(self.state / "regatta_up.log", "wb")
         self.up = subprocess.Popen([sys.executable, "manage.py", "regatta_up", "--bind",
@@ -364,8 +366,11 @@ def main() -> int:
     p.add_argument("--recover-timeout", type=float, default=180)
     p.add_argument("--end-timeout", type=float, default=300)
     p.add_argument("--allow-cpu", action="store_true")
+    p.add_argument("--devices", choices=("cpu", "cuda"),
+                   help="the local pool's devices (default: cuda where CUDA is, else cpu)")
     args = p.parse_args()
     info = environment(args.allow_cpu)
+    args.devices = args.devices or ("cuda" if info["cuda"] else "cpu")
     print("environment: " + ", ".join(f"{k} {v}" for k, v in info.items()), flush=True)
     run = Run(args)
     run.figures.update(info)

@@ -80,7 +80,9 @@ def _wait_for(path: Path, timeout: float) -> dict:
 
 
 def launch(fleet: Path, request: LaunchRequest, python: str = sys.executable,
-           standbys: bool = False) -> dict:
+           standbys: bool = False, node_env: dict[str, dict] | None = None) -> dict:
+    """Start the attempt's gang, one detached torchrun per placement;
+    `node_env` adds variables per node (its GPUs: devices.py)."""
     if not request.placements:
         raise PermanentError(f"attempt {request.name}: no placements")
     attempt_dir = fleet / "attempts" / request.name
@@ -91,7 +93,7 @@ def launch(fleet: Path, request: LaunchRequest, python: str = sys.executable,
         # A launch that died half-way (no ref.json) is started over, cleanly.
         _discard(attempt_dir)
         try:
-            ref = _start(fleet, attempt_dir, request, python, standbys)
+            ref = _start(fleet, attempt_dir, request, python, standbys, node_env or {})
         except BaseException:
             _discard(attempt_dir)
             raise
@@ -120,7 +122,7 @@ def _discard(attempt_dir: Path) -> None:
 
 
 def _start(fleet: Path, attempt_dir: Path, request: LaunchRequest, python: str,
-           standbys: bool) -> dict:
+           standbys: bool, node_env: dict[str, dict]) -> dict:
     port = free_port()
     nnodes = len(request.placements)
     base_env = rank_environment(request.env)
@@ -132,6 +134,7 @@ def _start(fleet: Path, attempt_dir: Path, request: LaunchRequest, python: str,
         (node_dir / "status").mkdir(parents=True, exist_ok=True)
         env = {
             **base_env,
+            **node_env.get(placement.node, {}),
             "REGATTA_NODE": placement.node,
             "REGATTA_STATUS_DIR": str(node_dir / "status"),
             "OMP_NUM_THREADS": "1",

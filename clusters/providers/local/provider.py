@@ -21,13 +21,12 @@ from ..base import (
     HealthSignal,
     LaunchRequest,
     NodeInfo,
-    NoSettings,
     Placement,
     PoolInfo,
     PreflightResult,
     ScalingStatus,
 )
-from . import attempts, faults, preflight, procs, standby
+from . import attempts, devices, faults, preflight, procs, standby
 from .base_paths import LAUNCHER
 from .book import NodeBook
 
@@ -44,10 +43,20 @@ class LocalSettings:
                              "relaunch starts without a cold start (standby.py)")
 
 
+@dataclass(frozen=True)
+class LocalPoolSettings:
+    """A local pool's own settings."""
+
+    devices: str = setting(devices.CPU, "cpu: its ranks see no GPU and train on gloo; "
+                           "cuda: each node holds gpus_per_node of this machine's GPUs "
+                           "(CUDA_VISIBLE_DEVICES) and its ranks use NCCL (devices.py)",
+                           choices=devices.DEVICES)
+
+
 class LocalProvider:
     kind = "local"
     Settings = LocalSettings
-    PoolSettings = NoSettings
+    PoolSettings = LocalPoolSettings
 
     def __init__(self, cluster: str, root: Path, python: str = sys.executable,
                  standbys: bool = False):
@@ -69,7 +78,8 @@ class LocalProvider:
         return NodeInfo(
             name=node["name"], provider_id=node["provider_id"], address="127.0.0.1",
             gpus=pool.gpus_per_node, ready=ready, unschedulable=node["unschedulable"],
-            labels={"regatta/pool": pool.name, "regatta/provider": "local"},
+            labels={"regatta/pool": pool.name, "regatta/provider": "local",
+                    **({"regatta/gpus": ",".join(node["gpus"])} if node.get("gpus") else {})},
             conditions={"Ready": "True" if ready else "False"},
         )
 
@@ -158,7 +168,25 @@ class LocalProvider:
 
     # --- attempts ---------------------------------------------------------
     def launch(self, request: LaunchRequest) -> dict:
-        return attempts.launch(self.root, request, python=self.python, standbys=self.standbys)
+        return attempts.launch(self.root, request, python=self.python, standbys=self.standbys,
+                               node_env=self._devices(request))
+
+    def _devices(self, request: LaunchRequest) -> dict[str, dict[str, str]]:
+        """Each node's CUDA_VISIBLE_DEVICES (devices.py), the GPUs it takes
+        written into the book."""
+        own = request.pool.settings
+        mode = own.devices if isinstance(own, LocalPoolSettings) else devices.CPU
+        gang = [p.node for p in sorted(request.placements, key=lambda p: p.node_rank)]
+        where = f"{self.cluster}/{request.pool.name}"
+        if mode == devices.CPU:
+            return devices.gang_devices({}, gang, mode, request.pool.gpus_per_node, where)
+        with self.book.edit() as data:
+            live = {name: node for entry in data["pools"].values()
+                    for name, node in entry["nodes"].items() if not node["retired"]}
+            unknown = [n for n in gang if n not in live]
+            if unknown:
+                raise PermanentError(f"{where}: no live node {unknown[0]!r}")
+            return devices.gang_devices(live, gang, mode, request.pool.gpus_per_node, where)
 
     def observe(self, ref: dict) -> AttemptStatus:
         return attempts.observe(ref)

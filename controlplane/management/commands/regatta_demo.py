@@ -1,6 +1,7 @@
 """Create the demo world, idempotently: an admin, a team with a quota, a local
 cluster with a spare, and (unless --no-job) a 2-node job training the
-built-in model."""
+built-in model. Its pool is `cpu` (gloo on CPU, on any machine), or with
+`--devices cuda` `gpu`: one of this machine's GPUs per node (docs/fleet.md)."""
 
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
@@ -30,9 +31,12 @@ class Command(BaseCommand):
         parser.add_argument("--no-job", action="store_true", help="do not submit the demo job")
         parser.add_argument("--nodes", type=int, default=4, help="working nodes in the pool")
         parser.add_argument("--spares", type=int, default=1, help="spare nodes in the pool")
+        parser.add_argument("--devices", choices=("cpu", "cuda"), default="cpu",
+                            help="cpu: pool `cpu`, gloo on CPU; cuda: pool `gpu`, one of this "
+                                 "machine's GPUs per node, NCCL")
 
     @transaction.atomic
-    def handle(self, *args, no_job=False, nodes=4, spares=1, **options):
+    def handle(self, *args, no_job=False, nodes=4, spares=1, devices="cpu", **options):
         User = get_user_model()
         admin, created = User.objects.get_or_create(
             username=DEMO_USER, defaults={"is_staff": True, "is_superuser": True}
@@ -42,13 +46,14 @@ class Command(BaseCommand):
             admin.save()
         cluster, _ = Cluster.objects.get_or_create(
             name="local", defaults={"provider": Cluster.Provider.LOCAL,
-                                    "description": "torchrun on this machine, gloo on CPU",
+                                    "description": "torchrun on this machine (logical nodes)",
                                     "settings": {"heartbeat_deadline_s": 30}},
         )
-        NodePool.objects.get_or_create(
-            cluster=cluster, name="cpu",
-            defaults={"instance_type": "local-cpu", "gpus_per_node": 1, "size": nodes,
-                      "spare_count": spares},
+        name = "gpu" if devices == "cuda" else "cpu"
+        pool, _ = NodePool.objects.get_or_create(
+            cluster=cluster, name=name,
+            defaults={"instance_type": f"local-{name}", "gpus_per_node": 1, "size": nodes,
+                      "spare_count": spares, "settings": {"devices": devices}},
         )
         team, _ = Team.objects.get_or_create(name="demo", defaults={"display_name": "Demo team"})
         team.members.add(admin)
@@ -66,7 +71,7 @@ class Command(BaseCommand):
             # sweep reconciles the job.
             job = submit_job({
                 "name": "demo-gpt-tiny", "team": team, "cluster": cluster,
-                "pool": cluster.pools.get(name="cpu"), "num_nodes": 2, "gpus_per_node": 1,
+                "pool": pool, "num_nodes": 2, "gpus_per_node": 1,
                 "hyperparameters": DEMO_JOB_HYPERPARAMETERS, "checkpoint_every_steps": 100,
             }, admin, send=False)
         self.stdout.write(f"demo login: {DEMO_USER} / {DEMO_PASSWORD}")
