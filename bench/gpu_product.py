@@ -248,7 +248,9 @@ class Run:
         replaced = api.get(f"nodes/{node['id']}/")
         new_node = self._node_of(api, second)
         self.check("node replaced", "NodeReplaced" in kinds and new_node["id"] != node["id"],
-                   f"{node['name']} ({replaced['state']}) -> {new_node['name']}; events "
+                   f"{node['name']} ({replaced['state']}, GPUs "
+                   f"{node['labels'].get('regatta/gpus', '?')}) -> {new_node['name']} "
+                   f"(GPUs {new_node['labels'].get('regatta/gpus', '?')}); events "
                    f"{[k for k in kinds if k.startswith('Node')]}")
         start = second["resumed_from_step"]
         self.check("resumed", start is not None and start >= newest,
