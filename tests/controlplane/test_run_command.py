@@ -34,6 +34,19 @@ def test_the_demo_world_is_created_once_however_often_it_runs(db):
     assert job.events.filter(kind="Submitted").exists()
 
 
+def test_the_gpu_demo_gives_each_node_a_gpu_and_fits_the_job_to_a_pool_of_one(db):
+    call_command("regatta_demo", "--devices", "cuda", "--nodes", "1", "--spares", "1")
+    pool = Cluster.objects.get(name="local").pools.get()
+    assert (pool.name, pool.instance_type, pool.config.devices) == ("gpu", "local-gpu", "cuda")
+    job = TrainingJob.objects.get(team__name="demo")
+    assert (job.pool, job.num_nodes, job.gpus_per_node) == (pool, 1, 1)
+
+
+def test_the_default_demo_trains_on_cpu_whatever_gpus_the_machine_has(db):
+    call_command("regatta_demo")
+    assert Cluster.objects.get(name="local").pools.get(name="cpu").config.devices == "cpu"
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.slow
 def test_the_demo_job_is_submitted_before_any_broker_runs(tmp_path):

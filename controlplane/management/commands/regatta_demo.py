@@ -1,6 +1,6 @@
 """Create the demo world, idempotently: an admin, a team with a quota, a local
-cluster with a spare, and (unless --no-job) a 2-node job training the
-built-in model. Its pool is `cpu` (gloo on CPU, on any machine), or with
+cluster with a spare, and (unless --no-job) a 2-node job (1-node on a pool of
+one) training the built-in model. Its pool is `cpu` (gloo on CPU, on any machine), or with
 `--devices cuda` `gpu`: one of this machine's GPUs per node (docs/fleet.md)."""
 
 from django.contrib.auth import get_user_model
@@ -71,11 +71,13 @@ class Command(BaseCommand):
             # sweep reconciles the job.
             job = submit_job({
                 "name": "demo-gpt-tiny", "team": team, "cluster": cluster,
-                "pool": pool, "num_nodes": 2, "gpus_per_node": 1,
+                # Two nodes, or one where the pool has one (a one-GPU machine).
+                "pool": pool, "num_nodes": min(2, pool.size), "gpus_per_node": 1,
                 "hyperparameters": DEMO_JOB_HYPERPARAMETERS, "checkpoint_every_steps": 100,
             }, admin, send=False)
         self.stdout.write(f"demo login: {DEMO_USER} / {DEMO_PASSWORD}")
         if token:
             self.stdout.write(f"demo API token (shown once): {token}")
         if job:
-            self.stdout.write(f"demo job #{job.pk} submitted (2 nodes, built-in GPT)")
+            self.stdout.write(f"demo job #{job.pk} submitted ({job.num_nodes} node(s), "
+                              "built-in GPT)")
