@@ -44,6 +44,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -357,7 +358,8 @@ def main() -> int:
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", help="folder for the JSON figures and the logs")
-    p.add_argument("--state", help="state folder (default: a new temporary one)")
+    p.add_argument("--state", help="state folder, kept (default: a temporary one, removed "
+                                   "at the end: the checkpoints of `small` take gigabytes)")
     p.add_argument("--model", default="small")
     p.add_argument("--steps", type=int, default=1200)
     p.add_argument("--batch", type=int, default=8)
@@ -382,7 +384,10 @@ def main() -> int:
         run.check("flow", False, f"{type(exc).__name__}: {exc}")
     finally:
         run.stop()
-    return run.report()
+    code = run.report()
+    if not args.state:
+        shutil.rmtree(run.state, ignore_errors=True)
+    return code
 
 
 if __name__ == "__main__":
