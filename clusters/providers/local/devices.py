@@ -51,13 +51,15 @@ def machine_gpus() -> tuple[list[str], dict[str, str]]:
 
 
 def gang_devices(nodes: dict[str, dict], gang: list[str], devices: str, per_node: int,
-                 where: str) -> dict[str, dict[str, str]]:
+                 where: str, machine: tuple[list[str], dict[str, str]] | None = None
+                 ) -> dict[str, dict[str, str]]:
     """The variables each node of `gang` launches with. `nodes` is the node
     book's records of every live node of the fleet; the GPUs a node takes
-    are written into its record (the caller holds the book's lock)."""
+    are written into its record (the caller holds the book's lock, and may
+    pass `machine_gpus()` read before taking it)."""
     if devices != CUDA:
         return {name: {"CUDA_VISIBLE_DEVICES": ""} for name in gang}
-    physical, order = machine_gpus()
+    physical, order = machine if machine is not None else machine_gpus()
     if len(physical) < per_node:
         raise PermanentError(
             f"{where}: its nodes each need {per_node} GPU(s) (devices: cuda) and this "
@@ -65,25 +67,22 @@ def gang_devices(nodes: dict[str, dict], gang: list[str], devices: str, per_node
             f"gpus_per_node to at most {len(physical)}")
     held = Counter(g for name, node in nodes.items() if name not in gang
                    for g in node.get("gpus") or ())
-    gang_held: set[str] = set()
+    gang_held: dict[str, str] = {}  # GPU -> the node of this gang that holds it
     for name in gang:
         own = nodes[name].get("gpus") or []
-        if len(own) != per_node or not set(own) <= set(physical) or gang_held & set(own):
+        if len(own) != per_node or not set(own) <= set(physical) or set(own) & set(gang_held):
             # Free GPUs first, then the least shared, never one of this
             # gang's if it can be helped; among equals, the machine's order.
             own = sorted(physical, key=lambda g: (g in gang_held, held[g],
                                                   physical.index(g)))[:per_node]
             nodes[name]["gpus"] = own
-        held.update(own)
-        gang_held.update(own)
-    seen: dict[str, str] = {}
-    for name in gang:
-        for gpu in nodes[name]["gpus"]:
-            if gpu in seen:
+        for gpu in own:
+            if gpu in gang_held:
                 raise PermanentError(
-                    f"{where}: nodes {seen[gpu]} and {name} of this gang would share GPU "
+                    f"{where}: nodes {gang_held[gpu]} and {name} of this gang would share GPU "
                     f"{gpu}, and NCCL cannot put two ranks on one GPU: this machine has "
                     f"{len(physical)} GPU(s) for {len(gang)} node(s) x {per_node}")
-            seen[gpu] = name
+            gang_held[gpu] = name
+        held.update(own)
     return {name: {"CUDA_VISIBLE_DEVICES": ",".join(nodes[name]["gpus"]), **order}
             for name in gang}

@@ -180,13 +180,15 @@ class LocalProvider:
         where = f"{self.cluster}/{request.pool.name}"
         if mode == devices.CPU:
             return devices.gang_devices({}, gang, mode, request.pool.gpus_per_node, where)
+        machine = devices.machine_gpus()  # nvidia-smi, before the book's lock is taken
         with self.book.edit() as data:
             live = {name: node for entry in data["pools"].values()
                     for name, node in entry["nodes"].items() if not node["retired"]}
             unknown = [n for n in gang if n not in live]
             if unknown:
                 raise PermanentError(f"{where}: no live node {unknown[0]!r}")
-            return devices.gang_devices(live, gang, mode, request.pool.gpus_per_node, where)
+            return devices.gang_devices(live, gang, mode, request.pool.gpus_per_node, where,
+                                        machine)
 
     def observe(self, ref: dict) -> AttemptStatus:
         return attempts.observe(ref)
