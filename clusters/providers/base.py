@@ -50,6 +50,13 @@ class NodeInfo:
     labels: dict = field(default_factory=dict)
     # Provider conditions worth recording, e.g. {"Ready": "True", "GpuHealthy": "False"}.
     conditions: dict = field(default_factory=dict)
+    # Someone other than Regatta took the node out of placement in the
+    # scheduler itself (an admin's `scontrol update state=drain`, a `kubectl
+    # cordon`): their reason, in the scheduler's words; "" when nothing but
+    # Regatta holds it. Regatta follows it both ways: the node leaves its
+    # placement while the hold lasts and comes back when it lifts
+    # (clusters/reconcile/nodes.py).
+    admin_hold: str = ""
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,11 @@ class HealthSignal:
     evidence: dict = field(default_factory=dict)
     # Stable id so the same signal seen twice is recorded once.
     key: str = ""
+    # A state the node shows for as long as it lasts (a Kubernetes node
+    # condition or label), rather than a one-off report (an XID read once):
+    # each spell of it that Regatta observes is one event, keyed by the
+    # spell Regatta saw begin, whatever time stamp the provider carries.
+    continuous: bool = False
 
 
 def interruption_key(instance: str, warning: bool) -> str:
