@@ -1,4 +1,6 @@
+from django.templatetags.static import static
 from django.urls import path
+from django.views.generic import RedirectView
 
 from accounts.throttles import throttle_login
 
@@ -10,6 +12,10 @@ urlpatterns = [
     path("login/", throttle_login(views.LoginView.as_view()), name="login"),
     path("logout/", views.LogoutView.as_view(), name="logout"),
     path("", views.home, name="home"),
+    # Asked for by browsers on every page that names no icon (the admin, the
+    # API docs, a JSON response).
+    path("favicon.ico", RedirectView.as_view(url=static("frontend/favicon.ico")),
+         name="favicon"),
     path("fleet/", views.fleet, name="fleet"),
     path("fleet/live/", views.fleet_live, name="fleet-live"),
     path("nodes/<int:pk>/", views.node_detail, name="node"),

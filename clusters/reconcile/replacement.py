@@ -179,7 +179,10 @@ def _ask_provider(node: Node, reason: str, now) -> Node | None:
         replace_failures=0)
     note_asked(pool, now)
     NodeEvent.objects.create(node=node, from_state=node.state, to_state=node.state,
-                             reason=f"the provider replaced it with {info.name}" if info
+                             # Said apart from the spare promoted into its place
+                             # (`replaced_by`): this machine joins the spares.
+                             reason=f"the provider made a new machine for it: {info.name}, "
+                                    "a spare" if info
                              else "the provider took it back; the new machine comes later",
                              evidence={"new": info.name if info else None}, created_at=now)
     if info is None:

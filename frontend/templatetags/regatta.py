@@ -100,3 +100,44 @@ def waiting(job) -> str:
             if left > 0:
                 return f"backing off after a transient failure; retrying in {left:.0f}s"
     return ""
+
+
+# Phases in which a relaunch after a failure is under way: the error that
+# ended the attempt before still explains what the job is doing.
+RELAUNCHING = (Phase.QUEUED, Phase.ADMITTED, Phase.STARTING)
+
+
+@register.filter
+def current_error(job) -> dict | None:
+    """The job's `last_error` while it applies, as (label, text): the error
+    that failed the job, that it restarts from, or that a reconcile pass
+    keeps meeting; the previous attempt's end while the next one is being
+    launched. Once the job runs again, succeeds or is cancelled the error
+    is history, and the timeline keeps it."""
+    if not job.last_error:
+        return None
+    failing = any(c.get("type") == "ReconcileError" for c in job.conditions or [])
+    if failing or job.phase in (Phase.FAILED, Phase.RESTARTING):
+        return {"label": "Last error", "text": job.last_error, "bad": True}
+    if job.phase in RELAUNCHING and job.attempts.exists():
+        return {"label": "The previous attempt ended with", "text": job.last_error,
+                "bad": False}
+    return None
+
+
+@register.filter
+def placed(attempt, job) -> dict:
+    """Where the provider put the attempt's gang: each rank's node, with the
+    GPUs it holds where the provider names them (a local GPU pool's node
+    label `regatta/gpus`), and the gang's shape; on a local CPU pool the
+    ranks run on the CPU (gloo), which the shape says."""
+    nodes = []
+    for p in sorted(attempt.placements.all(), key=lambda p: p.node_rank):
+        gpus = str((p.node.labels or {}).get("regatta/gpus", ""))
+        nodes.append({"rank": p.node_rank, "node": p.node, "gpus": gpus})
+    per_node = job.gpus_per_node
+    shape = f"{len(nodes)} × {per_node} GPU{'' if per_node == 1 else 's'}"
+    pool = job.pool
+    if pool is not None and (pool.settings or {}).get("devices") == "cpu":
+        shape += " (CPU, gloo)"
+    return {"nodes": nodes, "shape": shape}

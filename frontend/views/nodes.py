@@ -61,7 +61,21 @@ def _context(request, node: Node) -> dict:
         "hide_node": True,
         "placements": placements,
         "replaced_by": node.replaced_by.all(),
+        "provider_made": _provider_made(node),
     }
+
+
+def _provider_made(node: Node) -> Node | None:
+    """The new machine the provider made when this node was replaced (it
+    joined the spares), as against the spare promoted into its place
+    (`replaced_by`): clusters/reconcile/replacement.py names it in the
+    event's evidence."""
+    event = (node.events.filter(evidence__new__isnull=False).exclude(evidence__new=None)
+             .order_by("-created_at", "-id").first())
+    name = (event.evidence or {}).get("new") if event else None
+    if not name:
+        return None
+    return Node.objects.filter(cluster_id=node.cluster_id, name=name).first()
 
 
 def _node(pk):

@@ -14,9 +14,10 @@ Categories, and when they are booked:
   first step if newer, to the stop);
 - hang: from the silent rank's last heartbeat to the detection;
 - checkpoint: the blocking seconds of the attempt's checkpoints;
-- restart: the GPUs held before an attempt's first step: from the failure's
-  detection to the next attempt's first step, and for the job's first start
-  (or a start after going back to the queue) from its admission.
+- restart: the GPUs held from a failure's detection to the next attempt's
+  first step (only a restart books it);
+- startup: the GPUs held from the job's admission to its first attempt's
+  first step (no failure came before it).
 gpu_seconds = seconds × the job's GPUs.
 
 An eval run's lines (jobs/evals/) are all booked as `eval`, whatever they
@@ -164,16 +165,17 @@ def book_attempt_end(job, attempt, *, ended_at, rollback_s: float = 0.0, hang_s:
 
 def book_restart(job, previous, attempt) -> None:
     """The GPUs held before `attempt`'s first step: since the previous
-    attempt ended (the failure's detection) or, for the job's first attempt
-    and one after a trip back to the queue, since the job's admission (its
-    queueing is booked apart, up to the admission)."""
+    attempt ended (the failure's detection), or since the job's admission
+    when a trip back to the queue came after it: restart latency. The job's
+    first attempt books start-up instead, from its admission (its queueing
+    is booked apart, up to the admission)."""
     if attempt.first_step_at is None:
         return
     since = [t for t in (previous.ended_at if previous else None, job.admitted_at) if t]
     start = max(since) if since else attempt.created_at
     seconds = (attempt.first_step_at - start).total_seconds()
     if previous is None:
-        book(job, Category.RESTART, seconds, f"startup-{attempt.id}", attempt=attempt,
+        book(job, Category.STARTUP, seconds, f"startup-{attempt.id}", attempt=attempt,
              detail=f"start-up: admission → first step of attempt {attempt.number}",
              now=attempt.first_step_at)
         return

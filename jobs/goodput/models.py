@@ -14,6 +14,10 @@ class GoodputEntry(models.Model):
         PRODUCTIVE = "productive", "Productive training"
         ROLLBACK = "rollback", "Work lost to rollback"
         RESTART = "restart", "Restart latency"
+        # A start that followed no failure (the job's first, or one after a
+        # trip back to the queue): the GPUs held from admission to the first
+        # step. Kept apart from restart latency, which only a restart costs.
+        STARTUP = "startup", "Start-up"
         CHECKPOINT = "checkpoint", "Checkpoint stalls"
         HANG = "hang", "Hang before detection"
         QUEUED = "queued", "Queueing"

@@ -143,10 +143,18 @@ def _killed_failure(groups: dict[str, list]) -> Failure:
     names = [p.node for p in killed]
     collateral = [p.node for p in groups[TRANSIENT] + groups[PREEMPTED]]
     return Failure(FailureClass.HARDWARE,
-                   f"ranks on {', '.join(names)} were killed or lost "
-                   f"(signal {killed[0].signal}, exit {killed[0].exit_code})",
+                   f"ranks on {', '.join(names)} were killed or lost ({_ended(killed[0])})",
                    nodes=names, exit_code=_exit(killed),
                    evidence={**_evidence(killed), "collateral": collateral})
+
+
+def _ended(proc) -> str:
+    """How a node's processes ended, in the words a person reads: only what
+    is known (a lost node has neither a signal nor an exit code)."""
+    parts = [f"signal {proc.signal}"] if proc.signal else []
+    if proc.exit_code is not None:
+        parts.append(f"exit {proc.exit_code}")
+    return ", ".join(parts) or "no exit status: the node is gone"
 
 
 def classify_exits(ctx: Ctx, attempt: JobAttempt, status) -> Failure | None:

@@ -83,7 +83,9 @@ def note(ctx: Ctx, attempt: JobAttempt, failure: Failure) -> None:
 
 def _how(failure: Failure) -> str:
     code = failure.exit_code
-    return f"signal {-code}" if code is not None and code < 0 else f"exit {code}"
+    if code is None:
+        return "no exit status"
+    return f"signal {-code}" if code < 0 else f"exit {code}"
 
 
 def _ask_provider(ctx: Ctx) -> dict | None:

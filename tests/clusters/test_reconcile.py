@@ -169,7 +169,7 @@ def test_a_replacement_whose_provider_call_never_happened_is_asked_again(mem_clu
     node.refresh_from_db()
     assert ("replace", node.name) in provider_of(mem_cluster).fleet.calls
     assert node.replace_requested_at is None
-    assert node.events.filter(reason__startswith="the provider replaced it with").exists()
+    assert node.events.filter(reason__startswith="the provider made a new machine for it").exists()
     listed = provider_of(mem_cluster).list_nodes(pool_info(node.pool))
     assert node.name not in {n.name for n in listed}
 

@@ -83,4 +83,5 @@ def test_a_two_node_job_survives_two_killed_ranks_and_ends_bitwise_equal_to_an_u
     assert killed.goodput.filter(category="rollback").exists()
     # Two restarts, and the first attempt's start-up from its admission.
     assert killed.goodput.filter(category="restart", key__startswith="restart-").count() == 2
-    assert killed.goodput.filter(category="restart", key__startswith="startup-").count() == 1
+    assert killed.goodput.filter(category="startup", key__startswith="startup-").count() == 1
+    assert not killed.goodput.filter(category="restart", key__startswith="startup-").exists()

@@ -239,19 +239,26 @@ def test_a_relaunch_that_skipped_its_preflight_shows_the_newest_check_that_ran(
     assert 'id="preflight-bw">1.73 GB/s' in html and "attempt 1" in html
 
 
-def test_the_last_error_is_red_only_while_the_job_is_failed_or_restarting(
-        web, owner, team, cluster):
+def test_the_last_error_is_shown_only_while_it_applies(web, owner, team, cluster):
     job = make_job(team, cluster, name="flaky")
+    run(job, list(cluster.nodes.all()[:2]))
     error = "hardware: node cpu-a-1 lost (xid 79)"
-    for phase, red in (("restarting", True), ("failed", True), ("running", False),
-                       ("succeeded", False)):
+    # Red while it failed the job or the job restarts from it; muted while
+    # the next attempt is being launched; gone once the job runs again or ends
+    # otherwise (the timeline keeps it).
+    for phase, shown in (("restarting", "bad"), ("failed", "bad"), ("starting", "muted"),
+                         ("running", None), ("succeeded", None), ("cancelled", None)):
         TrainingJob.objects.filter(pk=job.pk).update(phase=phase, last_error=error)
         page = web(owner).get(f"/jobs/{job.pk}/").content.decode()
+        if shown is None:
+            assert 'id="last-error"' not in page, phase
+            assert error not in page.split("<h2>Timeline")[0], phase
+            continue
         banner = page.split('id="last-error"', 1)[0].rsplit("<p", 1)[1] + page.split(
             'id="last-error"', 1)[1].split("</p>", 1)[0]
         assert error in banner
-        assert ("bad" in banner) is red, (phase, banner)
-        assert ("Last error" in banner) is red
+        assert shown in banner, (phase, banner)
+        assert ("Last error" in banner) is (shown == "bad")
 
 
 def test_the_throughput_line_breaks_where_an_attempt_resumed(web, owner, team, cluster):

@@ -1,3 +1,5 @@
+import pytest
+
 from clusters.models import Cluster, Node, NodeEvent
 
 from .factories import make_job, rich_job, run, xid
@@ -122,3 +124,41 @@ def test_a_nul_in_a_cordon_reason_is_dropped_not_a_server_error(web, operator, c
     resp = web(operator).post(f"/nodes/{node.pk}/cordon/", {"reason": "fan\x00 noise"})
     assert resp.status_code == 302
     assert node.events.get().reason == "cordoned by opal: fan noise"
+
+
+@pytest.mark.usefixtures("fleet_dirs")
+def test_a_replaced_node_says_which_spare_took_its_place_and_which_machine_is_new(
+        web, operator):
+    from django.utils import timezone
+
+    from clusters.reconcile import reconcile_cluster_unlocked
+    from clusters.reconcile.replacement import take_out
+    from tests.fleet_helpers import later, memory_cluster
+
+    cluster = memory_cluster(size=2, spares=1)
+    node = Node.objects.filter(cluster=cluster, is_spare=False).order_by("name").first()
+    spare = Node.objects.get(cluster=cluster, is_spare=True)
+    now = timezone.now()
+    take_out(node, "hardware: killed", {}, now, replace_reason="replaced after a kill")
+    reconcile_cluster_unlocked(cluster.id, later(now, 1))
+    made = Node.objects.exclude(pk__in=[node.pk, spare.pk]).get(
+        cluster=cluster, name__in=[e.evidence.get("new") for e in node.events.all()])
+
+    html = web(operator).get(f"/nodes/{node.pk}/").content.decode()
+    taken = html.split('class="node-replaced-by"', 1)[1].split("</div>", 1)[0]
+    new = html.split('id="node-provider-made"', 1)[1].split("</div>", 1)[0]
+    assert spare.name in taken and "promoted" in taken and made.name not in taken
+    assert made.name in new and "provider" in new and spare.name not in new
+    assert "Replaced by" not in html
+    # The spare's own page says whose place it took.
+    spare_html = web(operator).get(f"/nodes/{spare.pk}/").content.decode()
+    assert node.name in spare_html.split('id="node-replaces"', 1)[1].split("</div>", 1)[0]
+
+
+def test_the_favicon_is_served_on_every_page(web, operator, client):
+    resp = client.get("/favicon.ico", follow=True)
+    assert resp.status_code == 200
+    body = b"".join(resp.streaming_content) if resp.streaming else resp.content
+    assert body[:4] == b"\x00\x00\x01\x00"  # an ICO file
+    html = web(operator).get("/fleet/").content.decode()
+    assert 'rel="icon"' in html and "favicon.ico" in html

@@ -393,7 +393,8 @@ class Run:
             self._state = state
         step = loading.choose(self.ckpt, self.launch.resume_step, self.launch.resume_uri,
                               self._skipped)
-        self._main_event("started", f"{self.world_size} ranks, resuming from {step}",
+        where = f"resuming from step {step}" if step is not None else "starting from scratch"
+        self._main_event("started", f"{self.world_size} ranks, {where}",
                          {**(info or {}), "world_size": self.world_size, "resume_from": step})
         if step is None:
             self._arm()

@@ -6,6 +6,7 @@
 
   const COLORS = {
     productive: "#3fb950", rollback: "#f85149", restart: "#d29922",
+    startup: "#a5d6ff",
     checkpoint: "#3fb6ff", hang: "#db6d28", queued: "#8b98a5", preemption: "#d2a8ff",
   };
 

@@ -50,15 +50,17 @@ def test_restart_latency_runs_from_the_failure_to_the_next_first_step(db):
     assert restart.seconds == pytest.approx(6.0)
     assert restart.gpu_seconds == pytest.approx(24.0)
     summary = goodput.summarize(job.goodput.all())
-    # 1 s from admission to attempt 1's first step, then 6 s from the failure.
-    assert summary["categories"]["restart"]["seconds"] == pytest.approx(7.0)
+    # 6 s from the failure; the 1 s from admission to attempt 1's first step
+    # is start-up, not a restart's.
+    assert summary["categories"]["restart"]["seconds"] == pytest.approx(6.0)
+    assert summary["categories"]["startup"]["seconds"] == pytest.approx(1.0)
     # 9 s from the first step to the failure, none of it saved by a checkpoint.
     assert summary["categories"]["rollback"]["seconds"] == pytest.approx(9.0)
     # Attempt 2 has run for 1 s since its first step.
     assert summary["categories"]["productive"]["seconds"] == pytest.approx(1.0)
 
 
-def test_the_first_attempt_s_start_up_is_booked_as_restart_latency(db):
+def test_the_first_attempt_s_start_up_is_booked_as_start_up_not_restart_latency(db):
     cluster = memory_cluster()
     job = submit(cluster, team_with_quota(cluster))
     now = timezone.now()
@@ -66,7 +68,9 @@ def test_the_first_attempt_s_start_up_is_booked_as_restart_latency(db):
     attempt = job.attempts.get()
     heartbeat(attempt, 1, later(now, 4))
     reconcile_job_unlocked(job.id, later(now, 4))
-    startup = GoodputEntry.objects.get(job=job, category="restart")
+    # Nothing restarted: no restart latency at all.
+    assert not GoodputEntry.objects.filter(job=job, category="restart").exists()
+    startup = GoodputEntry.objects.get(job=job, category="startup")
     assert startup.key == f"startup-{attempt.id}"
     assert startup.seconds == pytest.approx(4.0)
     assert startup.gpu_seconds == pytest.approx(4.0 * job.world_size)
@@ -98,7 +102,8 @@ def test_a_running_job_shows_its_time_so_far_in_the_api_and_books_it_once(db,
     assert data["categories"]["productive"]["seconds"] == pytest.approx(9.5)
     assert data["categories"]["productive"]["gpu_seconds"] == pytest.approx(9.5 * job.world_size)
     assert data["categories"]["checkpoint"]["seconds"] == pytest.approx(0.5)
-    assert data["categories"]["restart"]["seconds"] == pytest.approx(1.0)
+    assert data["categories"]["startup"]["seconds"] == pytest.approx(1.0)
+    assert data["categories"]["restart"]["seconds"] == 0
     team_data = client_for(user).get(f"/api/v1/teams/{team.name}/goodput/").data
     assert team_data["categories"]["productive"]["seconds"] == pytest.approx(9.5)
 
