@@ -285,6 +285,9 @@ class TestCluster:
             "--enable-scheme=pytorchjob",
             "--metrics-bind-address=0", "--health-probe-bind-address=0",
             f"--webhook-server-port={ep.webhook_port}",
+            # deploy/training-operator's init container (requests = limits),
+            # from the same ConfigMap a platform applies.
+            f"--pytorch-init-container-template-file={self._init_container_template()}",
         ], env={"KUBECONFIG": str(self.admin_kubeconfig),
                 "MY_POD_NAMESPACE": NAMESPACE_OPERATOR})
         bootstrap.wait_ready(self)
@@ -339,6 +342,15 @@ class TestCluster:
         return any("Starting workers" in line and marker.search(line)
                    for line in (self.logs / f"{name}.log").read_text(errors="replace")
                    .splitlines())
+
+    def _init_container_template(self) -> Path:
+        from . import bootstrap
+
+        (doc,) = yaml.safe_load_all(
+            (bootstrap.REPO / "deploy" / "training-operator" / "init-container.yaml").read_text())
+        path = self.state / "initContainer.yaml"
+        path.write_text(doc["data"]["initContainer.yaml"])
+        return path
 
     def _kwok_config(self) -> Path:
         from . import stages

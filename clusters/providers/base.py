@@ -214,6 +214,28 @@ class AttemptStatus:
         )
 
 
+@dataclass(frozen=True)
+class RankActivity:
+    """What one rank of a launched attempt is doing before its first step,
+    read on its node: the answer of a provider's optional
+    `describe_startup(ref) -> tuple[RankActivity, ...]` (the local
+    provider's: clusters/providers/local/startup.py). `state` is one of
+    STARTUP_STATES; `since_s` how long it has been in it, when known;
+    `marked`: the rank said so itself (the SDK's start-up markers), where a
+    program without the SDK shows only that its process lives."""
+
+    rank: int
+    node: str
+    state: str
+    since_s: float | None = None
+    detail: str = ""
+    marked: bool = False
+
+
+STARTUP_STATES = ("not started", "importing", "rendezvous", "setting up", "loading checkpoint",
+                  "compiling", "first step", "running without reporting", "exited", "gone")
+
+
 class NodeCheck(TypedDict, total=False):
     """One node's part of a preflight check, as `PreflightEvidence.per_node`
     holds it. A passing node carries its measurements; a failing one `check`
@@ -258,6 +280,10 @@ class PreflightResult:
     failed_nodes: tuple[str, ...] = ()
     evidence: PreflightEvidence = field(default_factory=dict)
     message: str = ""
+    # The check runs beside the pass, not in it (a Kubernetes job of its
+    # own): no answer yet. Ask again with the same placements in a later
+    # pass; the provider finds the check it started and reads its result.
+    pending: bool = False
 
     @property
     def allreduce_gbps(self) -> float | None:

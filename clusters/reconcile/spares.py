@@ -60,6 +60,8 @@ def check_one_spare(cluster, pools, provider, now) -> Node | None:
             log.warning("cluster %s: preflight of spare %s not run: %s",
                         cluster.name, spare.name, exc)
             return None
+        if result.pending:
+            return None  # the check runs beside the pass; a later pass reads it
         # The check may have taken a while: act on it only if the cluster is still ours.
         locks.ensure_held()
         _settle(spare, result, now)

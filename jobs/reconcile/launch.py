@@ -31,6 +31,8 @@ from ..models import AttemptNode, JobAttempt, Phase, TrainingJob
 from .common import Ctx
 
 MAX_PREFLIGHT_ROUNDS = 3
+# How soon a pass looks again at a preflight that runs beside it.
+PREFLIGHT_POLL_S = 1.0
 
 
 def start(ctx: Ctx) -> Result:
@@ -48,7 +50,11 @@ def start(ctx: Ctx) -> Result:
             return _no_nodes(ctx)
     if attempt.state == JobAttempt.State.PREFLIGHT:
         if ctx.config.preflight_on and not attempt.preflight.get("ok"):
-            if not _preflight(ctx, attempt):
+            checked = _preflight(ctx, attempt)
+            if checked is None:
+                # The check runs beside the pass (PreflightResult.pending).
+                return Result.after(PREFLIGHT_POLL_S, "preflight running")
+            if not checked:
                 return Result.after(ctx.config.queue_interval_s, "preflight found no nodes")
         signals.launch_point.send(TrainingJob, point="launch", job_id=ctx.job.id)
         _launch(ctx, attempt)
@@ -145,8 +151,9 @@ def _placements(attempt: JobAttempt) -> tuple[Placement, ...]:
     )
 
 
-def _preflight(ctx: Ctx, attempt: JobAttempt) -> bool:
-    """Check the chosen nodes; swap out those that fail. False: no nodes."""
+def _preflight(ctx: Ctx, attempt: JobAttempt) -> bool | None:
+    """Check the chosen nodes; swap out those that fail. False: no nodes;
+    None: the check runs on, its result read by a later pass."""
     job = ctx.job
     if _skip_recently_checked(ctx, attempt):
         return True
@@ -154,6 +161,8 @@ def _preflight(ctx: Ctx, attempt: JobAttempt) -> bool:
         placements = _placements(attempt)
         result = ctx.provider.preflight(ctx.pool_info, placements,
                                         timeout_s=ctx.config.preflight_timeout_s)
+        if result.pending:
+            return None
         # The check may have taken minutes: act on it only if the job is still ours.
         locks.ensure_held()
         report = {"ok": result.ok, "failed_nodes": list(result.failed_nodes),

@@ -23,6 +23,15 @@ class PodLogs:
         provider.core.read_namespaced_pod_log = self.read
         return self
 
-    def read(self, name: str, namespace: str, **kwargs) -> str:
+    def read(self, name: str, namespace: str, **kwargs):
         self.reads.append({"pod": name, "namespace": namespace, **kwargs})
-        return self.text.get((namespace, name), "")
+        text = self.text.get((namespace, name), "")
+        if kwargs.get("_preload_content") is False:
+            # What the client hands back unparsed: the raw bytes of the body.
+            return _Raw(text.encode())
+        return text
+
+
+@dataclass
+class _Raw:
+    data: bytes

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as kube_config
-from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
 
 from controlplane.lib.errors import PermanentError, TemporaryError
@@ -31,13 +31,26 @@ from ..base import (
     PreflightResult,
     ScalingStatus,
 )
-from . import capacity
+from . import capacity, reachability
 from . import manifests as mf
 from .config import KubePoolSettings, KubeSettings, replace_mode
-from .errors import classify, is_status
+from .errors import classify, unanswered
+from .informers import ClusterCache, shared
 from .kinds import PYTORCHJOB, JobKind
-from .observe import attempt_status, node_info, node_signals, started, suspended
+from .observe import (
+    CORDONED_BY_REGATTA,
+    attempt_status,
+    event_issues,
+    lost_ranks,
+    node_info,
+    node_rank,
+    node_signals,
+    pods_by_rank,
+    started,
+    suspended,
+)
 from .preflight import run_allreduce, run_dcgm_labels
+from .reads import CachedReads, LiveReads
 from .resources import smallest_allocatable
 from .trainjob import KIND as TRAINJOB_KIND
 from .trainjob_calls import TrainJobCalls
@@ -61,7 +74,22 @@ def api_client_for(settings: KubeSettings) -> k8s.ApiClient:
                 "cluster settings need 'in_cluster', 'kubeconfig'/'context' or 'api_url'")
     except (kube_config.ConfigException, OSError) as exc:
         raise PermanentError(f"cannot load Kubernetes credentials: {exc}") from exc
+    # urllib3 would try a request 4 times, each up to the timeout: a stalled
+    # server would hold a call four timeouts. Once more on a read error only
+    # (a kept-alive connection the server had closed), never on a connect.
+    cfg.retries = urllib3.Retry(total=1, connect=0, read=1, redirect=0, status=0, other=0)
     return k8s.ApiClient(cfg)
+
+
+def shared_cache(settings: KubeSettings) -> ClusterCache:
+    """The informers this process keeps for the cluster these settings
+    reach (informers.py): one set per API server, identity and namespace,
+    whichever pass asks."""
+    key = (settings.api_url, settings.kubeconfig, settings.context, settings.in_cluster,
+           settings.namespace)
+    return shared(key, lambda: ClusterCache(
+        api_client_for(settings), settings.namespace, f"{mf.MANAGED_BY}={mf.MANAGER}",
+        reachability.request_timeout(settings.request_timeout_s)))
 
 
 class KubernetesProvider:
@@ -70,17 +98,22 @@ class KubernetesProvider:
     def __init__(self, api_client: k8s.ApiClient, settings: KubeSettings,
                  aws_factory: Callable[[], Any] | None = None,
                  sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 cache: ClusterCache | None = None):
+        """`cache`: the process's informers of this cluster (for_cluster);
+        without it every read is a request (reads.py)."""
         self.settings = settings
         self.core = k8s.CoreV1Api(api_client)
         self.custom = k8s.CustomObjectsApi(api_client)
         self._aws_factory = aws_factory
         self._aws = None
         self._sleep, self._clock = sleep, clock
+        self.reach = reachability.of(api_client.configuration.host)
         # Attempts made as TrainJobs (job_api trainjob); an attempt is observed
         # and stopped by the kind its reference names, so attempts launched
         # before the setting changed are still found.
         self._trainjobs = TrainJobCalls(self)
+        self.reads = CachedReads(self, cache) if cache is not None else LiveReads(self)
 
     # The typed sections of Cluster.settings and NodePool.settings this
     # provider reads (clusters/settings.py parses them).
@@ -94,7 +127,8 @@ class KubernetesProvider:
 
             return AwsNodeGroups.for_settings(settings)
 
-        return cls(api_client_for(settings), settings, aws_factory=aws)
+        return cls(api_client_for(settings), settings, aws_factory=aws,
+                   cache=shared_cache(settings))
 
     @property
     def ns(self) -> str:
@@ -108,18 +142,33 @@ class KubernetesProvider:
         return self._aws
 
     # --- plumbing -----------------------------------------------------------------
+    @property
+    def timeout(self) -> tuple[float, float]:
+        """(connect, read) for one request (reachability.py says why a pair)."""
+        return reachability.request_timeout(self.settings.request_timeout_s)
+
     def _call(self, what: str, fn: Callable, *args, ok: tuple[int, ...] = (), **kwargs):
-        """Call the API; statuses in `ok` return None instead of raising."""
-        kwargs.setdefault("_request_timeout", self.settings.request_timeout_s)
+        """Call the API; statuses in `ok` return None instead of raising.
+        While the server is counted away (reachability.py) nothing is sent."""
+        self.reach.check(what)
+        kwargs.setdefault("_request_timeout", self.timeout)
         try:
-            return fn(*args, **kwargs)
+            found = fn(*args, **kwargs)
         except Exception as exc:
-            if isinstance(exc, ApiException) and exc.status in ok:
-                return None
+            if unanswered(exc):
+                delay = self.reach.failed(f"{type(exc).__name__}: {exc}")
+                raise TemporaryError(f"{what}: no answer from the API server: "
+                                     f"{type(exc).__name__}: {exc}"[:1000], delay=delay) from exc
+            if isinstance(exc, ApiException):
+                self.reach.answered()
+                if exc.status in ok:
+                    return None
             mapped = classify(exc, what)
             if mapped is exc:
                 raise
             raise mapped from exc
+        self.reach.answered()
+        return found
 
     def _json(self, what: str, fn: Callable, *args, ok: tuple[int, ...] = (), **kwargs):
         """Like _call, but the raw JSON the server sent, as dicts."""
@@ -128,13 +177,11 @@ class KubernetesProvider:
 
     def _create_job(self, body: dict, attempt_id: str | None) -> dict:
         name = body["metadata"]["name"]
-        try:
-            return self.custom.create_namespaced_custom_object(
-                mf.GROUP, mf.VERSION, self.ns, mf.PLURAL, body,
-                _request_timeout=self.settings.request_timeout_s)
-        except ApiException as exc:
-            if not is_status(exc, 409):
-                raise classify(exc, f"create PyTorchJob {name}") from exc
+        created = self._call(f"create PyTorchJob {name}",
+                             self.custom.create_namespaced_custom_object,
+                             mf.GROUP, mf.VERSION, self.ns, mf.PLURAL, body, ok=(409,))
+        if created is not None:
+            return created
         existing = self._get_kind(PYTORCHJOB, name)
         labels = (existing or {}).get("metadata", {}).get("labels") or {}
         if existing is None or labels.get(mf.MANAGED_BY) != mf.MANAGER or (
@@ -144,9 +191,7 @@ class KubernetesProvider:
 
     # --- nodes ----------------------------------------------------------------------
     def _pool_nodes(self, pool: PoolInfo) -> list[dict]:
-        selector = ",".join(f"{k}={v}" for k, v in sorted(pool.node_selector.items()))
-        doc = self._json("list nodes", self.core.list_node, label_selector=selector or None)
-        return doc.get("items", [])
+        return self.reads.nodes(dict(pool.node_selector))
 
     def list_nodes(self, pool: PoolInfo) -> list[NodeInfo]:
         nodes = [node_info(n) for n in self._pool_nodes(pool)]
@@ -163,9 +208,8 @@ class KubernetesProvider:
         return nodes + booting
 
     def _capacity_pods(self, pool: PoolInfo, **query) -> list[dict]:
-        return self._json(f"list capacity pods of {pool.name}", self.core.list_namespaced_pod,
-                          self.ns, label_selector=capacity.selector(pool), **query
-                          ).get("items", [])
+        return self.reads.pods(capacity.selector(pool), f"list capacity pods of {pool.name}",
+                               **query)
 
     def _spares_coming(self, pool: PoolInfo, joined: set[str]) -> list[NodeInfo]:
         """Spares asked of Karpenter whose node has not joined yet: listed not
@@ -215,9 +259,22 @@ class KubernetesProvider:
         return signals
 
     def _set_unschedulable(self, node: str, value: bool) -> None:
-        # A node already gone needs no cordon; the node listing reports it lost.
+        """Regatta's own cordon carries CORDONED_BY_REGATTA, so it is told
+        apart from an admin's (NodeInfo.admin_hold). A node someone else
+        cordoned is left as it is both ways: cordoning it again would take
+        their hold for Regatta's, and lifting it would undo their act."""
+        found = self.reads.node(node)
+        if found is None:
+            return  # gone: no cordon needed; the node listing reports it lost
+        annotations = (found.get("metadata") or {}).get("annotations") or {}
+        if (found.get("spec") or {}).get("unschedulable") and (
+                CORDONED_BY_REGATTA not in annotations):
+            return
+        mark = {CORDONED_BY_REGATTA: "true"} if value else {CORDONED_BY_REGATTA: None}
+        # 404: gone since; the node listing reports it lost.
         self._call(f"patch node {node}", self.core.patch_node, node,
-                   {"spec": {"unschedulable": value}}, ok=(404,))
+                   {"metadata": {"annotations": mark}, "spec": {"unschedulable": value}},
+                   ok=(404,))
 
     def cordon(self, pool: PoolInfo, node: str) -> None:
         self._set_unschedulable(node, True)
@@ -231,11 +288,8 @@ class KubernetesProvider:
         checkpoint after SIGTERM."""
         self.cordon(pool, node)
         grace = int(max(grace_s, self.settings.termination_grace_s))
-        pods = self._json(
-            f"list pods on {node}", self.core.list_namespaced_pod, self.ns,
-            field_selector=f"spec.nodeName={node}",
-            label_selector=f"{mf.MANAGED_BY}={mf.MANAGER}",
-        ).get("items", [])
+        pods = self.reads.pods(f"{mf.MANAGED_BY}={mf.MANAGER}", f"list pods on {node}",
+                               field_selector=f"spec.nodeName={node}")
         for pod in pods:
             if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                 continue
@@ -292,9 +346,8 @@ class KubernetesProvider:
                            self.ns, body, ok=(409,))
 
     def _standby_pods(self, pool: PoolInfo) -> list[dict]:
-        return self._json(f"list standby pods of {pool.name}", self.core.list_namespaced_pod,
-                          self.ns, label_selector=capacity.standby_selector(pool)
-                          ).get("items", [])
+        return self.reads.pods(capacity.standby_selector(pool),
+                               f"list standby pods of {pool.name}")
 
     def _delete_pod(self, name: str, what: str) -> None:
         self._call(f"delete {what} {name}", self.core.delete_namespaced_pod, name, self.ns,
@@ -365,13 +418,9 @@ class KubernetesProvider:
     def _ensure_secret(self, secret: dict, attempt_id: str) -> None:
         name = secret["metadata"]["name"]
         for _ in range(2):
-            try:
-                self.core.create_namespaced_secret(
-                    self.ns, secret, _request_timeout=self.settings.request_timeout_s)
+            if self._call(f"create secret {name}", self.core.create_namespaced_secret,
+                          self.ns, secret, ok=(409,)) is not None:
                 return
-            except ApiException as exc:
-                if not is_status(exc, 409):
-                    raise classify(exc, f"create secret {name}") from exc
             existing = self._json(f"read secret {name}", self.core.read_namespaced_secret,
                                   name, self.ns, ok=(404,))
             if existing is None:
@@ -389,12 +438,15 @@ class KubernetesProvider:
             return self._trainjobs.observe(ref)
         name = ref["name"]
         job = self._get_kind(PYTORCHJOB, name)
-        pods = []
+        pods, lost, refused = [], {}, []
         if job is not None:
-            pods = self._json(
-                f"list pods of {name}", self.core.list_namespaced_pod, self.ns,
-                label_selector=f"{mf.OPERATOR_JOB_LABEL}={name}",
-            ).get("items", [])
+            selector = f"{mf.OPERATOR_JOB_LABEL}={name}"
+            pods = self.reads.pods(selector, f"list pods of {name}")
+            uid = job["metadata"].get("uid")
+            ours = [p for p in self.reads.pod_tombstones(selector)
+                    if any(o.get("uid") == uid for o in p["metadata"].get("ownerReferences") or [])]
+            lost, refused = self._lost_and_refused(job, pods, ours, node_rank,
+                                                   len(ref.get("placements", [])))
         workload = podgroup = None
         if job is not None and (not started(job) or suspended(job)):
             # Only a gang not yet started can be held back by its scheduler,
@@ -403,24 +455,32 @@ class KubernetesProvider:
             if self.settings.gang_scheduler == "kueue":
                 workload = self._workload(job)
             elif self.settings.gang_scheduler == "volcano":
-                podgroup = self._call(f"get PodGroup {name}",
-                                      self.custom.get_namespaced_custom_object,
-                                      *mf.PODGROUPS, self.ns, mf.PODGROUPS_PLURAL, name,
-                                      ok=(404,))
+                podgroup = self.reads.podgroup(name)
         status = attempt_status(job, pods, ref.get("placements", []), workload=workload,
                                 podgroup=podgroup,
-                                own_secret=ref.get("secret") or mf.secret_name(name))
+                                own_secret=ref.get("secret") or mf.secret_name(name),
+                                lost=lost, refused=refused)
         return self._with_log_tails(status, pods)
 
+    def _lost_and_refused(self, job: dict, pods: list[dict], tombstones: list[dict],
+                          rank_of, ranks: int) -> tuple[dict, list]:
+        """The ranks lost with their node (observe.lost_ranks), and, while a
+        rank has no pod, why its controller could not make one
+        (observe.event_issues)."""
+        by_rank = pods_by_rank(pods, rank_of)
+        bound = {(p.get("spec") or {}).get("nodeName") for p in [*pods, *tombstones]}
+        gone = self.reads.gone_nodes({n for n in bound if n})
+        lost = lost_ranks(by_rank, tombstones, gone, rank_of)
+        refused = []
+        if len(by_rank) < ranks:
+            refused = event_issues(self.reads.events(), job["metadata"]["name"],
+                                   since=job["metadata"].get("creationTimestamp") or "")
+        return lost, refused
+
     def _workload(self, job: dict) -> dict | None:
-        """Kueue's Workload of a PyTorchJob, found by the job-uid label Kueue
-        puts on it (its name carries a hash of Kueue's choosing)."""
-        uid = job["metadata"].get("uid", "")
-        found = self._call(f"list Workloads of {job['metadata']['name']}",
-                           self.custom.list_namespaced_custom_object, *mf.WORKLOADS, self.ns,
-                           mf.WORKLOADS_PLURAL, label_selector=f"{mf.KUEUE_JOB_UID_LABEL}={uid}",
-                           ok=(404,))
-        items = (found or {}).get("items") or []
+        """Kueue's Workload of a job, found by the job-uid label Kueue puts
+        on it (its name carries a hash of Kueue's choosing)."""
+        items = self.reads.workloads(job["metadata"].get("uid", ""), job["metadata"]["name"])
         return items[0] if items else None
 
     def _with_log_tails(self, status: AttemptStatus, pods: list[dict],
@@ -430,12 +490,37 @@ class KubernetesProvider:
         for proc in status.nodes:
             pod = names.get(proc.node)
             if proc in status.failed_nodes and not proc.log_tail and pod:
-                tail = self._call(f"read log of {pod}", self.core.read_namespaced_pod_log,
-                                  pod, self.ns, container=container, tail_lines=40,
-                                  ok=(400, 404))
-                proc = replace(proc, log_tail=(tail or "")[-4000:])
+                tail, unreachable = self.read_log(pod, container, tail_lines=40)
+                proc = replace(proc, log_tail=tail[-4000:] or unreachable)
             nodes.append(proc)
         return replace(status, nodes=tuple(nodes))
+
+    def read_log(self, pod: str, container: str, tail_lines: int) -> tuple[str, str]:
+        """(the log's last lines as text, "") or ("", why it could not be read).
+
+        Never raises: a failure is acted on with what is known, and a kubelet
+        that cannot be reached (pods/log answers 500) or a pod already gone
+        must not hold it up. Read as raw bytes and decoded here: the client
+        would otherwise parse a log that happens to be one JSON line into a
+        dict and hand back its repr. A slow log is not the API server being
+        away (the server waits on the kubelet), so it counts for nothing in
+        reachability."""
+        what = f"read log of {pod}"
+        try:
+            self.reach.check(what)
+            resp = self.core.read_namespaced_pod_log(
+                pod, self.ns, container=container, tail_lines=tail_lines,
+                _preload_content=False, _request_timeout=self.timeout)
+            data = resp.data
+        except TemporaryError as exc:
+            return "", f"(log not read: {exc})"
+        except ApiException as exc:
+            said = f"HTTP {exc.status} {exc.reason or ''}".strip()
+            return "", f"(log unreachable: pods/log answered {said})"
+        except Exception as exc:  # noqa: BLE001 - a log is never worth failing the pass
+            return "", f"(log unreachable: {type(exc).__name__}: {exc})"[:500]
+        text = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else str(data)
+        return text, ""
 
     def stop(self, ref: dict, grace_s: float = 30.0) -> None:
         if ref.get("kind") == TRAINJOB_KIND:
@@ -462,49 +547,8 @@ class KubernetesProvider:
         self._release_capacity(pool, {p.node for p in placements})
         return run_allreduce(self, pool, placements, timeout_s)
 
-    def watch_job(self, name: str, timeout_s: float, kind: JobKind | None = None) -> dict | None:
-        """Follow the job (a PyTorchJob unless `kind` says) until it finishes
-        or `timeout_s` passes; the last state seen (None if it never appeared)."""
-        kind = kind or PYTORCHJOB
-        deadline = self._clock() + timeout_s
-        last = self._get_kind(kind, name)
-        while last is not None and not kind.finished(last):
-            remaining = deadline - self._clock()
-            if remaining <= 0:
-                break
-            stream = watch.Watch().stream(
-                self.custom.list_namespaced_custom_object, *kind.resource[:2], self.ns,
-                kind.resource[2], field_selector=f"metadata.name={name}",
-                timeout_seconds=max(1, int(remaining)),
-                _request_timeout=max(1.0, remaining) + 5,
-            )
-            try:
-                for event in stream:
-                    if event.get("type") == "DELETED":
-                        return None
-                    obj = event.get("object")
-                    if isinstance(obj, dict) and obj.get("metadata", {}).get("name") == name:
-                        last = obj
-                        if kind.finished(obj):
-                            return obj
-            except Exception as exc:
-                if not is_status(exc, 410):
-                    mapped = classify(exc, f"watch {kind.name} {name}")
-                    if mapped is exc:
-                        raise
-                    raise mapped from exc
-                # 410 Gone: the history the watch would resume from was
-                # compacted. Relist for the current state and watch again.
-                last = self._get_kind(kind, name)
-                if last is None:
-                    return None
-            # The server closed the watch early: wait a little before the next one.
-            self._sleep(min(1.0, max(0.0, deadline - self._clock())))
-        return last
-
     def _get_kind(self, kind: JobKind, name: str) -> dict | None:
-        return self._call(f"get {kind.name} {name}", self.custom.get_namespaced_custom_object,
-                          *kind.resource[:2], self.ns, kind.resource[2], name, ok=(404,))
+        return self.reads.job(kind, name)
 
 
 def _instance(provider_id: str) -> str:

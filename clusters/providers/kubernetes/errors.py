@@ -21,7 +21,7 @@ from controlplane.lib.errors import PermanentError, TemporaryError
 TEMPORARY_STATUSES = frozenset({429, 500, 502, 503, 504})
 PERMANENT_STATUSES = frozenset({400, 403, 422})
 DEFAULT_DELAY_S = 5.0
-_NETWORK_ERRORS = (
+NETWORK_ERRORS = (
     urllib3.exceptions.HTTPError,  # MaxRetryError, ProtocolError, ReadTimeoutError, ...
     ConnectionError,
     TimeoutError,
@@ -43,12 +43,13 @@ def classify(exc: BaseException, what: str) -> BaseException:
     if isinstance(exc, ApiException):
         status = exc.status or 0
         detail = f"{what}: HTTP {status} {exc.reason or ''}".strip()
-        if status in TEMPORARY_STATUSES or status >= 500:
+        # 0: no status at all, the client's word for a TLS handshake that failed.
+        if status in TEMPORARY_STATUSES or status >= 500 or status == 0:
             return TemporaryError(detail, delay=retry_after(exc))
         if status in PERMANENT_STATUSES:
             return PermanentError(f"{detail}: {_message(exc)}")
         return exc
-    if isinstance(exc, _NETWORK_ERRORS):
+    if isinstance(exc, NETWORK_ERRORS):
         return TemporaryError(f"{what}: {type(exc).__name__}: {exc}", delay=DEFAULT_DELAY_S)
     return exc
 
@@ -58,11 +59,20 @@ def classified(what: str) -> Iterator[None]:
     """Re-raise what the block raises in its class."""
     try:
         yield
-    except (ApiException, *_NETWORK_ERRORS) as exc:
+    except (ApiException, *NETWORK_ERRORS) as exc:
         mapped = classify(exc, what)
         if mapped is exc:
             raise
         raise mapped from exc
+
+
+def unanswered(exc: BaseException) -> bool:
+    """The server did not answer at all (a timeout, a refused or dropped
+    connection, a TLS handshake that never finished): nothing it said."""
+    if isinstance(exc, ApiException):
+        # The client reports a failed TLS handshake as an ApiException of status 0.
+        return not exc.status
+    return isinstance(exc, NETWORK_ERRORS)
 
 
 def is_status(exc: BaseException, status: int) -> bool:

@@ -1,5 +1,5 @@
 """The job kinds the provider makes and follows to their end: PyTorchJob
-(training-operator v1) and TrainJob (Trainer v2), as `watch_job` needs them."""
+(training-operator v1) and TrainJob (Trainer v2), as the preflight reads them."""
 
 from __future__ import annotations
 

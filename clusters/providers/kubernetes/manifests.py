@@ -19,6 +19,7 @@ from kubernetes import client as k8s
 from controlplane.lib.errors import PermanentError
 
 from ..base import LaunchRequest, Placement, PoolInfo
+from ..program import torchrun_program
 from .config import KubeSettings
 from .instances import efa_devices
 from .resources import cpu_memory
@@ -179,8 +180,9 @@ def _attempt_pod(request: LaunchRequest, settings: KubeSettings, allocatable: di
     env = _trainer_env(request, settings)
     # torchrun SIGKILLs its ranks 30 s after a SIGTERM unless told otherwise;
     # the pod's grace period is what must bound the emergency checkpoint.
+    # `--` ends torchrun's options: nothing of the program's is read as one.
     command = ["torchrun", f"--shutdown-timeout={int(settings.termination_grace_s)}",
-               *(request.command or ("-m", "trainer"))]
+               *torchrun_program(request.command)]
     volumes, mounts = _checkpoint_volume(request.checkpoint_uri, settings)
     shm_volumes, shm_mounts = _shm(settings)
     return _PodParts(

@@ -191,9 +191,12 @@ def started(job: dict) -> bool:
 
 def attempt_status(job: dict | None, pods: list[dict], placements: list[dict], *,
                    workload: dict | None = None, podgroup: dict | None = None,
-                   own_secret: str = "") -> AttemptStatus:
+                   own_secret: str = "", lost: dict[int, NodeProcess] | None = None,
+                   refused: list[StartIssue] | None = None) -> AttemptStatus:
     """`placements` is the ref's [{"node", "node_rank"}]; pods are the job's;
-    `workload` and `podgroup` are the gang scheduler's view, if it has one."""
+    `workload` and `podgroup` are the gang scheduler's view, if it has one;
+    `lost` the ranks whose pod went with its node (lost_ranks); `refused`
+    why a controller could not make the pods (event_issues)."""
     if job is None:
         return AttemptStatus(state="unknown", message="the PyTorchJob no longer exists")
     why = taken_back(suspended(job), workload)
@@ -206,15 +209,15 @@ def attempt_status(job: dict | None, pods: list[dict], placements: list[dict], *
         if rank is not None:
             by_rank[rank] = pod
     nodes, notes, issues = [], [], []
+    lost = lost or {}
     for place in sorted(placements, key=lambda p: p["node_rank"]):
         rank = place["node_rank"]
         pod = by_rank.get(rank)
+        if rank in lost:
+            nodes.append(lost[rank])
+            continue
         if pod is None:
-            if started(job):
-                nodes.append(NodeProcess(node=place["node"], node_rank=rank, running=False,
-                                         signal=_SIGKILL, log_tail="its pod is gone"))
-            else:
-                nodes.append(NodeProcess(node=place["node"], node_rank=rank, running=True))
+            nodes.append(_without_pod(place, started(job) and not refused))
             continue
         nodes.append(node_process(pod, rank, place["node"]))
         issues.extend(pod_issues(pod, rank, own_secret))
@@ -234,10 +237,31 @@ def attempt_status(job: dict | None, pods: list[dict], placements: list[dict], *
         notes.insert(0, f"{last.get('type')}: {last.get('message') or last.get('reason', '')}")
     if state == "running":
         issues[:0] = queue_issues(job, workload, podgroup)
+        if len(by_rank) < len(placements):
+            issues.extend(refused or ())
     else:
         issues = []
     return AttemptStatus(state=state, nodes=tuple(nodes), message="; ".join(notes)[:1000],
                          start_issues=tuple(issues))
+
+
+def _without_pod(place: dict, gone: bool) -> NodeProcess:
+    """A rank with no pod: gone once its job started (unless a controller
+    says it cannot make it, event_issues: a wait), else not made yet."""
+    if gone:
+        return NodeProcess(node=place["node"], node_rank=place["node_rank"], running=False,
+                           signal=_SIGKILL, log_tail="its pod is gone")
+    return NodeProcess(node=place["node"], node_rank=place["node_rank"], running=True)
+
+
+def pods_by_rank(pods: list[dict], rank_of) -> dict[int, dict]:
+    """One pod per rank: the newest, should a controller have made it again."""
+    by_rank: dict[int, dict] = {}
+    for pod in sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp") or ""):
+        rank = rank_of(pod)
+        if rank is not None:
+            by_rank[rank] = pod
+    return by_rank
 
 
 def attempt_status_of(state: str, nodes: list[NodeProcess], notes: list[str],
@@ -248,6 +272,109 @@ def attempt_status_of(state: str, nodes: list[NodeProcess], notes: list[str],
         state = "failed"
     return AttemptStatus(state=state, nodes=tuple(nodes), message="; ".join(notes)[:1000],
                          start_issues=tuple(issues) if state == "running" else ())
+
+
+# Why Kubernetes deleted a pod (its DisruptionTarget condition): these say
+# the node went or failed under it. Others (a preemption, an eviction through
+# the API) say nothing against the node.
+NODE_DISRUPTIONS = frozenset({"DeletionByPodGC", "DeletionByTaintManager",
+                              "TerminationByKubelet"})
+_TERMINAL = ("Succeeded", "Failed")
+
+
+def lost_ranks(by_rank: dict[int, dict], tombstones: list[dict], gone_nodes: set[str],
+               rank_of) -> dict[int, NodeProcess]:
+    """Ranks that ended with their node, each on the node it really ran on
+    (the pod's spec.nodeName, never the planned one):
+
+    - a live pod bound to a node that no longer exists (its Node deleted):
+      seen when the node goes, not a minute later when the pod GC fails it;
+    - a pod of the attempt that was deleted while it ran (a tombstone) and
+      is missing now or was re-created (another uid, perhaps elsewhere):
+      lost on the node it ran on, with node-level evidence when its node is
+      gone or Kubernetes deleted it for the node (NODE_DISRUPTIONS), and as
+      a rank killed from outside otherwise (a preemption, an eviction).
+
+    `tombstones` are this attempt's deleted pods only; `rank_of` reads a
+    pod's rank."""
+    lost: dict[int, NodeProcess] = {}
+    for rank, pod in by_rank.items():
+        node = (pod.get("spec") or {}).get("nodeName") or ""
+        phase = (pod.get("status") or {}).get("phase")
+        if node and node in gone_nodes and phase not in _TERMINAL:
+            why = (f"node {node} is gone (its Node was deleted) with rank {rank}'s pod "
+                   f"{pod['metadata']['name']}")
+            lost[rank] = NodeProcess(node=node, node_rank=rank, running=False, signal=_SIGKILL,
+                                     log_tail=why, node_lost=why)
+    for dead in tombstones:
+        rank = rank_of(dead)
+        if rank is None or rank in lost:
+            continue
+        now = by_rank.get(rank)
+        uid = dead["metadata"].get("uid")
+        if now is not None and now["metadata"].get("uid") == uid:
+            continue
+        status = dead.get("status") or {}
+        node = (dead.get("spec") or {}).get("nodeName") or ""
+        if not node or (status.get("phase") in _TERMINAL and _exited(dead)):
+            continue  # never ran, or it ended by itself before it went
+        disruption = condition(dead, "DisruptionTarget") or {}
+        reason = disruption.get("reason") or ""
+        where = f"rank {rank}'s pod {dead['metadata']['name']} on {node}"
+        if node in gone_nodes or reason in NODE_DISRUPTIONS:
+            why = (f"node {node} is gone (its Node was deleted)" if node in gone_nodes
+                   else f"{reason}: {disruption.get('message') or ''}".strip(": "))
+            why = f"{why}; {where} was deleted" + (" and re-created" if now else "")
+            lost[rank] = NodeProcess(node=node, node_rank=rank, running=False,
+                                     signal=_SIGKILL, log_tail=why[:1000], node_lost=why[:300])
+        else:
+            why = (f"{where} was deleted ({reason or 'not by its node'})"
+                   + (" and re-created" if now else ""))
+            lost[rank] = NodeProcess(node=node, node_rank=rank, running=False,
+                                     signal=_SIGKILL, log_tail=why[:1000])
+    return lost
+
+
+def _exited(pod: dict) -> bool:
+    return any((cs.get("state") or {}).get("terminated")
+               for cs in (pod.get("status") or {}).get("containerStatuses") or [])
+
+
+# Warning events that say a controller could not make what it was asked to:
+# the pod (quota, an admission webhook, PodSecurity, a missing PriorityClass
+# or ServiceAccount), a Job or a JobSet's parts, or Kueue's refusal.
+_REFUSAL_WORDS = ("forbidden", "denied", "exceeded quota", "admission webhook",
+                  "not found", "invalid", "violates", "error creating", "failed")
+_OWNERS = frozenset({"PyTorchJob", "TrainJob", "JobSet", "Job", "Workload"})
+
+
+def event_issues(events: list[dict], name: str, since: str = "") -> list[StartIssue]:
+    """Why the pods of the job `name` do not exist, in the API server's own
+    words: the Warning events of the job, what its controller made of it
+    (a TrainJob's JobSet and Jobs, named after it) and Kueue's Workload,
+    newest first, each (reason, message) once. `since`: the job's
+    creationTimestamp, so an earlier object of the same name says nothing."""
+    found: dict[tuple[str, str], tuple[str, StartIssue]] = {}
+    for event in events:
+        obj = event.get("involvedObject") or {}
+        owner = obj.get("name") or ""
+        if obj.get("kind") not in _OWNERS:
+            continue
+        if not (owner == name or owner.startswith(f"{name}-") or f"-{name}-" in owner):
+            continue
+        when = (event.get("lastTimestamp") or event.get("eventTime")
+                or (event.get("metadata") or {}).get("creationTimestamp") or "")
+        if since and when and when < since:
+            continue
+        reason, message = event.get("reason") or "", event.get("message") or ""
+        text = f"{reason} {message}".lower()
+        if not any(word in text for word in _REFUSAL_WORDS):
+            continue
+        issue = StartIssue(reason or "FailedCreate", f"{obj.get('kind')} {owner}: {message}"[:500])
+        key = (reason, message)
+        if key not in found or found[key][0] < when:
+            found[key] = (when, issue)
+    return [issue for _, issue in sorted(found.values(), key=lambda f: f[0], reverse=True)][:3]
 
 
 def _failed(nodes: list[NodeProcess]) -> list[NodeProcess]:
@@ -269,6 +396,35 @@ def _quantity(value: Any) -> int:
         return 0
 
 
+# Written on a Node when Regatta cordons it, removed when Regatta lifts its
+# cordon: a node unschedulable without it was cordoned by someone else.
+CORDONED_BY_REGATTA = "regatta.io/cordoned"
+# Taints every cordoned or GPU node carries, which say nothing of why.
+_ORDINARY_TAINTS = frozenset({"node.kubernetes.io/unschedulable", GPU})
+
+
+def admin_hold(node: dict) -> str:
+    """Why someone other than Regatta took the node out of placement, in
+    Kubernetes' words ("" when nothing but Regatta holds it): a cordon
+    (`kubectl cordon`/`drain`) Regatta did not make, with the taints and
+    reason-like annotations beside it."""
+    meta, spec = node.get("metadata") or {}, node.get("spec") or {}
+    annotations = meta.get("annotations") or {}
+    if not spec.get("unschedulable") or CORDONED_BY_REGATTA in annotations:
+        return ""
+    parts = ["cordoned in Kubernetes"]
+    for taint in spec.get("taints") or []:
+        key = taint.get("key") or ""
+        if key in _ORDINARY_TAINTS or key.startswith("node.kubernetes.io/"):
+            continue
+        value = f"={taint['value']}" if taint.get("value") else ""
+        parts.append(f"taint {key}{value}:{taint.get('effect', '')}")
+    for key, value in sorted(annotations.items()):
+        if any(word in key.lower() for word in ("reason", "cordon", "drain")) and value:
+            parts.append(f"{key}: {value}")
+    return "; ".join(parts)[:500]
+
+
 def node_info(node: dict) -> NodeInfo:
     meta, spec, status = node.get("metadata", {}), node.get("spec") or {}, node.get("status") or {}
     addresses = {a.get("type"): a.get("address") for a in status.get("addresses") or []}
@@ -281,6 +437,7 @@ def node_info(node: dict) -> NodeInfo:
         unschedulable=bool(spec.get("unschedulable")),
         labels=dict(meta.get("labels") or {}),
         conditions={c["type"]: c.get("status", "Unknown") for c in status.get("conditions") or []},
+        admin_hold=admin_hold(node),
     )
 
 
@@ -296,17 +453,16 @@ def _kind_for(reason: str) -> str:
 
 
 def node_signals(node: dict, settings: KubeSettings) -> list[HealthSignal]:
-    """Health signals one node shows now. Keys carry the condition's
-    transition time, so the same condition seen on every sweep is one event."""
+    """Health signals one node shows now. A condition, a label or withdrawn
+    GPUs are states (`continuous`): the cluster reconcile makes one event of
+    each spell it sees, keyed by the state alone, never by the condition's
+    lastTransitionTime (kwok, and some agents, leave it unchanged when a
+    condition comes back). Ready is not among them: a node not ready is a
+    state NodeInfo carries (ready, conditions), and the cluster reconcile
+    fails it only past a grace, so a controller-manager's brief
+    NodeStatusUnknown after an API server stall retires nothing."""
     name = node["metadata"]["name"]
     signals = []
-    ready = condition(node, "Ready")
-    if ready is not None and ready.get("status") != "True":
-        signals.append(HealthSignal(
-            node=name, kind="lost", severity="critical",
-            message=f"node not ready: {ready.get('reason', '')} {ready.get('message', '')}".strip(),
-            evidence={"condition": ready}, key=f"{name}/Ready/{ready.get('lastTransitionTime')}",
-        ))
     for kind, expected in settings.health_conditions.items():
         cond = condition(node, kind)
         if cond is None or cond.get("status") == expected:
@@ -315,7 +471,8 @@ def node_signals(node: dict, settings: KubeSettings) -> list[HealthSignal]:
         signals.append(HealthSignal(
             node=name, kind=_kind_for(reason), severity="critical",
             message=f"{kind}={cond.get('status')}: {reason}"[:500],
-            evidence={"condition": cond}, key=f"{name}/{kind}/{cond.get('lastTransitionTime')}",
+            evidence={"condition": cond}, key=f"{name}/{kind}={cond.get('status')}",
+            continuous=True,
         ))
     labels = node["metadata"].get("labels") or {}
     for label, healthy in settings.health_labels.items():
@@ -324,7 +481,7 @@ def node_signals(node: dict, settings: KubeSettings) -> list[HealthSignal]:
                 node=name, kind=_kind_for(labels[label]), severity="critical",
                 message=f"label {label}={labels[label]} (healthy: {healthy})",
                 evidence={"label": label, "value": labels[label]},
-                key=f"{name}/label/{label}={labels[label]}",
+                key=f"{name}/label/{label}={labels[label]}", continuous=True,
             ))
     status = node.get("status") or {}
     capacity = _quantity((status.get("capacity") or {}).get(GPU, 0))
@@ -336,7 +493,7 @@ def node_signals(node: dict, settings: KubeSettings) -> list[HealthSignal]:
             message=f"{capacity - allocatable} of {capacity} GPUs marked unhealthy by the "
                     "device plugin",
             evidence={"capacity": capacity, "allocatable": allocatable},
-            key=f"{name}/gpu-allocatable/{allocatable}-of-{capacity}",
+            key=f"{name}/gpu-allocatable/{allocatable}-of-{capacity}", continuous=True,
         ))
     instance = ((node.get("spec") or {}).get("providerID") or "").rstrip("/").rsplit("/", 1)[-1]
     for taint in (node.get("spec") or {}).get("taints") or []:

@@ -15,8 +15,10 @@ cluster setting `preflight`):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
+from datetime import UTC, datetime
 
 from controlplane.lib.errors import TemporaryError
 
@@ -30,8 +32,7 @@ from .observe import node_info, node_rank, node_signals
 def run_dcgm_labels(provider, placements: tuple[Placement, ...]) -> PreflightResult:
     per_node, failed = {}, []
     for place in placements:
-        node = provider._json(f"read node {place.node}", provider.core.read_node, place.node,
-                              ok=(404,))
+        node = provider.reads.node(place.node)
         if node is None:
             per_node[place.node] = {"ready": False, "signals": ["node does not exist"]}
             failed.append(place.node)
@@ -52,29 +53,49 @@ def run_dcgm_labels(provider, placements: tuple[Placement, ...]) -> PreflightRes
     )
 
 
+# Set on a preflight job: which nodes it checks, so a later pass (on any
+# worker) finds the check an earlier one started and reads its result.
+LABEL_CHECKS = "regatta.io/preflight-for"
+
+
+def checks_label(placements: tuple[Placement, ...]) -> str:
+    nodes = ",".join(f"{p.node_rank}:{p.node}" for p in sorted(placements,
+                                                               key=lambda p: p.node_rank))
+    return hashlib.sha256(nodes.encode()).hexdigest()[:40]
+
+
 def run_allreduce(provider, pool: PoolInfo, placements: tuple[Placement, ...],
                   timeout_s: float) -> PreflightResult:
-    started = provider._clock()
-    nonce = uuid.uuid4().hex
-    if provider.settings.job_api == "trainjob":
-        kind, rank_of, container = TRAINJOB, tj.rank_of, tj.CONTAINER
-        job = tj.preflight_train_job(pool, placements, provider.settings, nonce)
-        selector = tj.pods_selector(job["metadata"]["name"])
-        provider._trainjobs.create(job)
-    else:
-        kind, rank_of, container = PYTORCHJOB, node_rank, mf.CONTAINER
-        job = mf.to_dict(mf.preflight_job(pool, placements, provider.settings, nonce=nonce))
-        selector = f"{mf.OPERATOR_JOB_LABEL}={job['metadata']['name']}"
-        provider._create_job(job, None)
-    name = job["metadata"]["name"]
+    """Beside the pass, never in it: the first call starts the check and
+    answers `pending`; each later call with the same placements reads the
+    check it finds (by LABEL_CHECKS) and answers pending until it finished
+    or `timeout_s` passed since it started, then the result, once: the
+    check's job is deleted as its result is read."""
+    trainjob = provider.settings.job_api == "trainjob"
+    kind = TRAINJOB if trainjob else PYTORCHJOB
+    label = checks_label(placements)
+    found = _running_check(provider, kind, label)
+    if found is None:
+        name = _start(provider, pool, placements, trainjob, label)
+        return PreflightResult(ok=False, pending=True, evidence={"method": "allreduce",
+                                                                 "job": name},
+                               message=f"all-reduce check {name} started")
+    name = found["metadata"]["name"]
+    age = _age_s(found)
+    if not kind.finished(found) and age < timeout_s:
+        return PreflightResult(ok=False, pending=True,
+                               evidence={"method": "allreduce", "job": name},
+                               message=f"all-reduce check {name} running for {age:.0f} s")
     try:
-        final = provider.watch_job(name, timeout_s, kind)
-        pods = provider._json(f"list pods of {name}", provider.core.list_namespaced_pod,
-                              provider.ns, label_selector=selector).get("items", [])
+        if trainjob:
+            rank_of, container, selector = tj.rank_of, tj.CONTAINER, tj.pods_selector(name)
+        else:
+            rank_of, container = node_rank, mf.CONTAINER
+            selector = f"{mf.OPERATOR_JOB_LABEL}={name}"
+        pods = provider.reads.pods(selector, f"list pods of {name}")
         reports = {p["metadata"]["name"]: _report(provider, p["metadata"]["name"], container)
                    for p in pods if (p.get("status") or {}).get("phase") == "Succeeded"}
-        return _result(kind, name, final, pods, reports, rank_of, placements,
-                       provider._clock() - started, timeout_s)
+        return _result(kind, name, found, pods, reports, rank_of, placements, age, timeout_s)
     finally:
         try:
             provider._call(f"delete preflight {name}",
@@ -83,6 +104,35 @@ def run_allreduce(provider, pool: PoolInfo, placements: tuple[Placement, ...],
                            body={"propagationPolicy": "Background"}, ok=(404,))
         except TemporaryError:
             pass  # the job's deadline (and a PyTorchJob's TTL) end it anyway
+
+
+def _start(provider, pool, placements, trainjob: bool, label: str) -> str:
+    nonce = uuid.uuid4().hex
+    if trainjob:
+        job = tj.preflight_train_job(pool, placements, provider.settings, nonce)
+        job["metadata"]["labels"][LABEL_CHECKS] = label
+        provider._trainjobs.create(job)
+    else:
+        job = mf.to_dict(mf.preflight_job(pool, placements, provider.settings, nonce=nonce))
+        job["metadata"]["labels"][LABEL_CHECKS] = label
+        provider._create_job(job, None)
+    return job["metadata"]["name"]
+
+
+def _running_check(provider, kind, label: str) -> dict | None:
+    """The newest check of these placements that is not being deleted."""
+    checks = [j for j in provider.reads.jobs(kind, f"{LABEL_CHECKS}={label}")
+              if not j["metadata"].get("deletionTimestamp")]
+    checks.sort(key=lambda j: j["metadata"].get("creationTimestamp") or "")
+    return checks[-1] if checks else None
+
+
+def _age_s(job: dict) -> float:
+    created = job["metadata"].get("creationTimestamp")
+    if not created:
+        return 0.0
+    when = datetime.fromisoformat(created.replace("Z", "+00:00"))
+    return max(0.0, (datetime.now(UTC) - when).total_seconds())
 
 
 def _result(kind, name, final, pods, reports, rank_of, placements, seconds,
@@ -124,9 +174,10 @@ def _result(kind, name, final, pods, reports, rank_of, placements, seconds,
 
 def _report(provider, pod: str, container: str) -> dict:
     """The JSON line the preflight script prints, from the pod's log."""
-    text = provider._call(f"read log of {pod}", provider.core.read_namespaced_pod_log, pod,
-                          provider.ns, container=container, tail_lines=20, ok=(400, 404))
-    for line in reversed((text or "").splitlines()):
+    text, unreachable = provider.read_log(pod, container, tail_lines=20)
+    if unreachable:
+        return {"log": unreachable}
+    for line in reversed(text.splitlines()):
         try:
             doc = json.loads(line)
         except ValueError:

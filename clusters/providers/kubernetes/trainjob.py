@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from kubernetes import client as k8s
 
-from ..base import AttemptStatus, LaunchRequest, NodeProcess, Placement, PoolInfo
+from ..base import AttemptStatus, LaunchRequest, NodeProcess, Placement, PoolInfo, StartIssue
 from . import manifests as mf
 from .config import KubeSettings
 from .observe import (
@@ -42,6 +42,7 @@ PATCH_MANAGER = "regatta.io/launcher"
 # after the TrainJob; and by the Job controller, the pod's index, which the
 # torch plugin makes the node rank (PET_NODE_RANK).
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_UID_LABEL = "jobset.sigs.k8s.io/jobset-uid"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 # Pod spec fields a runtime patch may set (Trainer v2.3's PodSpecPatch).
 _PATCHABLE = ("serviceAccountName", "volumes", "imagePullSecrets", "nodeSelector", "affinity",
@@ -169,7 +170,8 @@ def started(jobset: dict | None) -> bool:
 
 def attempt_status(job: dict | None, jobset: dict | None, pods: list[dict],
                    placements: list[dict], *, workload: dict | None = None,
-                   own_secret: str = "") -> AttemptStatus:
+                   own_secret: str = "", lost: dict[int, NodeProcess] | None = None,
+                   refused: list[StartIssue] | None = None) -> AttemptStatus:
     """The TrainJob's attempt as the provider protocol sees it, the same as a
     PyTorchJob's (observe.attempt_status): `placements` is the ref's
     [{"node", "node_rank"}]. The Job controller may give any index to any
@@ -186,6 +188,9 @@ def attempt_status(job: dict | None, jobset: dict | None, pods: list[dict],
     for place in sorted(placements, key=lambda p: p["node_rank"]):
         rank = place["node_rank"]
         pod = by_rank.get(rank)
+        if rank in (lost or {}):
+            nodes.append(lost[rank])
+            continue
         if pod is not None:
             nodes.append(node_process(pod, rank, place["node"], container=CONTAINER))
             issues.extend(pod_issues(pod, rank, own_secret))
@@ -196,7 +201,7 @@ def attempt_status(job: dict | None, jobset: dict | None, pods: list[dict],
             # which is no evidence against its node.
             nodes.append(NodeProcess(node=place["node"], node_rank=rank, running=False,
                                      log_tail="its pod was removed when the gang failed"))
-        elif started(jobset):
+        elif started(jobset) and not refused:
             nodes.append(NodeProcess(node=place["node"], node_rank=rank, running=False,
                                      signal=9, log_tail="its pod is gone"))
         else:
@@ -211,4 +216,8 @@ def attempt_status(job: dict | None, jobset: dict | None, pods: list[dict],
     if state == "running" and not started(jobset):
         # Kueue holds a TrainJob back by suspending it, as it does a PyTorchJob.
         issues[:0] = queue_issues(job, workload, None)
+    if state == "running" and len(by_rank) < len(placements):
+        # Why the Job controller (or JobSet's, or Kueue) made no pod, in the
+        # API server's words: a wait, not a hang.
+        issues.extend(refused or ())
     return attempt_status_of(state, nodes, notes, issues)

@@ -5,14 +5,12 @@ and reads them). It goes through the provider's own plumbing (`_call`,
 from __future__ import annotations
 
 from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
 
 from controlplane.lib.errors import PermanentError
 
 from ..base import AttemptStatus, LaunchRequest
 from . import manifests as mf
 from . import trainjob as tj
-from .errors import classify, is_status
 from .kinds import TRAINJOB
 
 
@@ -29,13 +27,11 @@ class TrainJobCalls:
 
     def create(self, body: dict, attempt_id: str = "") -> dict:
         name = body["metadata"]["name"]
-        try:
-            return self.p.custom.create_namespaced_custom_object(
-                tj.GROUP, tj.VERSION, self.ns, tj.PLURAL, body,
-                _request_timeout=self.p.settings.request_timeout_s)
-        except ApiException as exc:
-            if not is_status(exc, 409):
-                raise classify(exc, f"create TrainJob {name}") from exc
+        created = self.p._call(f"create TrainJob {name}",
+                               self.p.custom.create_namespaced_custom_object,
+                               tj.GROUP, tj.VERSION, self.ns, tj.PLURAL, body, ok=(409,))
+        if created is not None:
+            return created
         existing = self.get(name)
         labels = (existing or {}).get("metadata", {}).get("labels") or {}
         if existing is None or labels.get(mf.MANAGED_BY) != mf.MANAGER or (
@@ -63,19 +59,26 @@ class TrainJobCalls:
     def observe(self, ref: dict) -> AttemptStatus:
         p, name = self.p, ref["name"]
         job = self.get(name)
-        pods, jobset, workload = [], None, None
+        pods, jobset, workload, lost, refused = [], None, None, {}, []
         if job is not None:
-            pods = p._json(f"list pods of {name}", p.core.list_namespaced_pod, self.ns,
-                           label_selector=tj.pods_selector(name)).get("items", [])
-            group, version, plural = tj.JOBSETS
-            jobset = p._call(f"get JobSet {name}", p.custom.get_namespaced_custom_object,
-                             group, version, self.ns, plural, name, ok=(404,))
+            selector = tj.pods_selector(name)
+            pods = p.reads.pods(selector, f"list pods of {name}")
+            jobset = p.reads.jobset(name)
+            # This JobSet's pods only: an earlier TrainJob of the same name
+            # made pods of its own.
+            uid = ((jobset or {}).get("metadata") or {}).get("uid")
+            ours = [pod for pod in p.reads.pod_tombstones(selector)
+                    if uid and (pod["metadata"].get("labels") or {}).get(tj.JOBSET_UID_LABEL)
+                    == uid]
+            lost, refused = p._lost_and_refused(job, pods, ours, tj.rank_of,
+                                                len(ref.get("placements", [])))
             if p.settings.gang_scheduler == "kueue" and (not tj.started(jobset)
                                                          or tj.suspended(job)):
                 workload = p._workload(job)
         status = tj.attempt_status(job, jobset, pods, ref.get("placements", []),
                                    workload=workload,
-                                   own_secret=ref.get("secret") or mf.secret_name(name))
+                                   own_secret=ref.get("secret") or mf.secret_name(name),
+                                   lost=lost, refused=refused)
         return p._with_log_tails(status, pods, container=tj.CONTAINER)
 
     def stop(self, ref: dict, grace_s: float) -> None:
