@@ -1,5 +1,5 @@
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -8,7 +8,7 @@ from accounts.permissions import IsPerson, is_operator
 
 from .models import ApiToken
 from .serializers import ApiTokenSerializer, MeSerializer, NewApiTokenSerializer
-from .throttles import TokenCreateThrottle
+from .throttles import spend
 from .validators import TokenValidator
 
 
@@ -27,14 +27,16 @@ class TokenListView(generics.ListAPIView):
     def get_queryset(self):
         return own_tokens(self.request.user).order_by("-created_at", "-id")
 
-    def get_throttles(self):
-        return [TokenCreateThrottle()] if self.request.method == "POST" else []
-
-    @extend_schema(request=TokenValidator, responses={201: NewApiTokenSerializer, 429: None})
+    @extend_schema(request=TokenValidator, responses={
+        201: NewApiTokenSerializer,
+        429: OpenApiResponse(description="Too many tokens created lately "
+                                         "(REGATTA_TOKEN_CREATE_RATE); see Retry-After.")})
     def post(self, request):
         body = TokenValidator(data=request.data)
         body.is_valid(raise_exception=True)
-        token, raw = ApiToken.issue(request.user, body.validated_data["name"])
+        # Only tokens made count: a refused request (400) costs nothing.
+        with spend("token_create", request.user.pk):
+            token, raw = ApiToken.issue(request.user, body.validated_data["name"])
         token.token = raw
         return Response(NewApiTokenSerializer(token).data, status=status.HTTP_201_CREATED)
 

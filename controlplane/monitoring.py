@@ -9,7 +9,12 @@ grouped queries, whatever the fleet's size.
 
 Access: with REGATTA_METRICS_TOKEN set, a scraper sends it as a bearer
 token; without one, only the addresses in REGATTA_METRICS_ALLOW (loopback by
-default) may scrape.
+default) may scrape. Behind a proxy on the same host every caller's peer
+address is the proxy's, a loopback one: so with no trusted proxy
+(REGATTA_TRUSTED_PROXIES=0) a request that carries a proxy's forwarding
+headers is refused, and with N trusted proxies the address the outermost
+one saw is checked (controlplane.lib.http.client_address). A proxy that
+adds no forwarding header is not told apart: set a token behind it.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from clusters.models import Node
 from controlplane.lib import telemetry
+from controlplane.lib.http import came_through_a_proxy, client_address
 from jobs.goodput.models import GoodputEntry
 from jobs.metrics.models import MetricPoint
 from jobs.models import Phase, TrainingJob
@@ -180,7 +186,9 @@ def _allowed(request) -> bool:
     if token:
         given = request.headers.get("Authorization", "")
         return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
-    return request.META.get("REMOTE_ADDR", "") in settings.METRICS_ALLOW
+    if not settings.TRUSTED_PROXIES and came_through_a_proxy(request):
+        return False
+    return client_address(request) in settings.METRICS_ALLOW
 
 
 def metrics_view(request):

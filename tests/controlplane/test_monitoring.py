@@ -140,6 +140,21 @@ def test_only_the_token_or_an_allowed_address_may_scrape(db, settings):
     assert Client().post("/metrics").status_code in (403, 405)
 
 
+def test_behind_a_proxy_on_the_same_host_a_caller_is_not_taken_for_a_local_one(db, settings):
+    """The proxy connects from loopback for everyone; its forwarding headers
+    say so, and without a trusted proxy such a request is refused."""
+    settings.METRICS_TOKEN = None
+    settings.METRICS_ALLOW = ["127.0.0.1"]
+    for header in ("HTTP_X_FORWARDED_FOR", "HTTP_FORWARDED", "HTTP_X_REAL_IP"):
+        refused = Client(REMOTE_ADDR="127.0.0.1", **{header: "203.0.113.9"}).get("/metrics")
+        assert refused.status_code == 403, header
+    # With the proxy trusted, the address it saw is the one checked.
+    settings.TRUSTED_PROXIES = 1
+    proxied = Client(REMOTE_ADDR="127.0.0.1")
+    assert proxied.get("/metrics", HTTP_X_FORWARDED_FOR="203.0.113.9").status_code == 403
+    scrape(proxied, HTTP_X_FORWARDED_FOR="spoofed, 127.0.0.1")
+
+
 def test_a_scrape_still_answers_with_redis_down(db, settings):
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
     get_redis.cache_clear()  # the process's one client was made for the real Redis

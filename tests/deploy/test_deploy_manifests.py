@@ -110,6 +110,24 @@ def test_database_redis_and_secret_key_come_from_a_secret():
                 assert "value" not in env[key]
 
 
+def test_the_web_behind_the_ingress_is_configured_for_https():
+    """TLS ends at the ingress: the config names the header it sets, trusts
+    its one X-Forwarded-For entry, and sets HSTS and the content policy,
+    each a value the settings accept."""
+    from django.conf import settings
+
+    from controlplane.settings import _proxy_ssl_header
+
+    config = objects()[("ConfigMap", "regatta-config")]["data"]
+    assert _proxy_ssl_header(config["REGATTA_PROXY_SSL_HEADER"]) == (
+        "HTTP_X_FORWARDED_PROTO", "https")
+    assert config["REGATTA_TRUSTED_PROXIES"] == "1"
+    assert int(config["REGATTA_HSTS_SECONDS"]) >= 31_536_000
+    assert config["REGATTA_CSP"] == settings.DEFAULT_CSP
+    ingress = docs(DEPLOY / "examples" / "ingress.yaml")[0]
+    assert ingress["spec"]["tls"], "the example ingress terminates TLS"
+
+
 def rules(doc):
     """{(apiGroups, resource): verbs}; one resource per rule keeps it plain."""
     assert all(len(r["resources"]) == 1 for r in doc["rules"])

@@ -126,6 +126,41 @@ def test_a_member_retries_a_delivery_and_a_delivered_one_is_a_conflict(api, owne
     assert api(owner).post(f"/api/v1/deliveries/{row.pk}/retry/").status_code == 409
 
 
+def sends_allowed() -> int:
+    from django.conf import settings
+
+    return int(settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]["webhook_send"].split("/")[0])
+
+
+def test_pings_past_the_rate_are_a_429_and_send_nothing(api, owner, teammate):
+    webhook = Webhook.objects.create(team=owner.teams.get(), url=GOOD["url"])
+    client = api(owner)
+    for _ in range(sends_allowed()):
+        assert client.post(f"{URL}{webhook.pk}/ping/").status_code == 202
+    resp = client.post(f"{URL}{webhook.pk}/ping/")
+    assert resp.status_code == 429 and int(resp["Retry-After"]) > 0
+    assert Delivery.objects.count() == sends_allowed()
+    # Retries count with pings: each one sends a signed request too.
+    row = Delivery.objects.first()
+    assert client.post(f"/api/v1/deliveries/{row.pk}/retry/").status_code == 429
+    # The count is one person's: a teammate still pings.
+    assert api(teammate).post(f"{URL}{webhook.pk}/ping/").status_code == 202
+
+
+def test_retries_past_the_rate_are_a_429_and_refusals_cost_nothing(api, owner):
+    webhook = Webhook.objects.create(team=owner.teams.get(), url=GOOD["url"])
+    row = delivery.ping(webhook, timezone.now())
+    Delivery.objects.filter(pk=row.pk).update(status="succeeded")
+    client = api(owner)
+    for _ in range(sends_allowed() + 3):  # delivered already: 409, nothing sent
+        assert client.post(f"/api/v1/deliveries/{row.pk}/retry/").status_code == 409
+    Delivery.objects.filter(pk=row.pk).update(status="failed")
+    for _ in range(sends_allowed()):
+        assert client.post(f"/api/v1/deliveries/{row.pk}/retry/").status_code == 202
+    resp = client.post(f"/api/v1/deliveries/{row.pk}/retry/")
+    assert resp.status_code == 429 and int(resp["Retry-After"]) > 0
+
+
 def test_a_member_rotates_the_secret_and_sees_the_new_one_once(api, owner, teammate):
     webhook = Webhook.objects.create(team=owner.teams.get(), url=GOOD["url"])
     old = webhook.secret
