@@ -63,6 +63,9 @@ class EvalSpecValidator(StrictSerializer):
     samples = StrictIntegerField(required=False, min_value=0, max_value=16)
     sample_tokens = StrictIntegerField(required=False, min_value=1, max_value=512)
 
+    def validate_entrypoint(self, value):
+        return _entrypoint(value)
+
     def run_validation(self, data=empty):
         # Nested, the block may be absent (a form post has no `eval` at all):
         # skipped as any optional field is, before the strict object check.
@@ -140,6 +143,9 @@ class JobSpecValidator(StrictSerializer):
 
     def validate_env(self, value):
         return _program_env(value)
+
+    def validate_entrypoint(self, value):
+        return _entrypoint(value)
 
     def validate_checkpoint_policy(self, value):
         if not isinstance(self.initial_data.get("checkpoint_policy"), str):
@@ -277,6 +283,19 @@ MAX_ENV_VARS = 256
 MAX_ENV_VALUE = 32_768
 # A program's own hyperparameters go to its ranks as REGATTA_CONFIG, whole.
 MAX_PROGRAM_CONFIG_BYTES = 65_536
+
+
+def _entrypoint(value: list) -> list:
+    """The program comes first: torchrun reads a leading `-…` as its own
+    option (`--nproc_per_node`, `--rdzv_endpoint`, `--no-python`), and the
+    launchers end torchrun's options before the program anyway
+    (clusters/providers/program.py)."""
+    if value and (not value[0] or value[0].startswith("-")):
+        raise serializers.ValidationError(
+            f"Must start with the program (a script's path or a console script), not "
+            f"{value[0]!r}: a leading '-' would be one of torchrun's own options. Give a "
+            "module's path, or a script that runs it.")
+    return value
 
 
 def _program_env(value: dict) -> dict:

@@ -192,12 +192,12 @@ def test_the_trainer_environment_follows_the_protocol():
     assert "REGATTA_STATUS_DIR" not in env
     # torchrun waits the pod's whole grace period for an emergency checkpoint.
     assert container(job, "Worker")["command"] == ["torchrun", "--shutdown-timeout=120",
-                                                   "-m", "trainer"]
+                                                   "--module", "--", "trainer"]
     assert container(job, "Worker")["name"] == "pytorch"
     custom = mf.to_dict(mf.pytorch_job(make_request(command=("/app/train.py", "--lr", "3e-4")),
                                        KubeSettings()))
     assert container(custom, "Master")["command"] == [
-        "torchrun", "--shutdown-timeout=120", "/app/train.py", "--lr", "3e-4"]
+        "torchrun", "--shutdown-timeout=120", "--", "/app/train.py", "--lr", "3e-4"]
 
 
 def test_nccl_settings_layer_defaults_then_cluster_then_pool():

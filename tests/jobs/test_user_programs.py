@@ -75,6 +75,14 @@ BAD_PROGRAM_SPECS = [
     ("completion", {"entrypoint": PROGRAM, "completion": 1}),
     ("hyperparameters", {"entrypoint": PROGRAM, "hyperparameters": {"blob": "x" * 70_000}}),
     ("hyperparameters", {"entrypoint": PROGRAM, "hyperparameters": [1, 2]}),
+    # torchrun's own options, were they read as such: more processes than
+    # GPUs, another rendezvous, a shell instead of Python.
+    ("entrypoint", {"entrypoint": ["--nproc_per_node=8", "train.py"]}),
+    ("entrypoint", {"entrypoint": ["--master_addr=10.9.9.9", "--master_port=1", "train.py"]}),
+    ("entrypoint", {"entrypoint": ["--rdzv_endpoint=evil:29400", "train.py"]}),
+    ("entrypoint", {"entrypoint": ["--no-python", "/bin/sh", "-c", "id"]}),
+    ("entrypoint", {"entrypoint": ["-m", "mypackage.train"]}),
+    ("entrypoint", {"entrypoint": ["", "train.py"]}),
 ]
 
 
@@ -86,6 +94,15 @@ def test_a_bad_program_spec_is_refused_naming_the_field(api, owner, team, pool, 
     assert resp.status_code == 400, resp.content
     assert field in resp.data, resp.data
     assert messages(resp.data[field]) and all(messages(resp.data[field]))
+    assert not TrainingJob.objects.exists()
+
+
+def test_an_eval_entrypoint_that_starts_with_a_flag_is_refused(api, owner, team, pool):
+    resp = api(owner).post(URL, spec(entrypoint=PROGRAM, eval={
+        "every_checkpoint": True, "pool": pool.name,
+        "entrypoint": ["--nproc_per_node=8", "eval.py"]}), format="json")
+    assert resp.status_code == 400, resp.content
+    assert "torchrun" in " ".join(messages(resp.data["eval"]["entrypoint"]))
     assert not TrainingJob.objects.exists()
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from controlplane.lib.errors import PermanentError, TemporaryError
 
 from ..base import AttemptStatus, LaunchRequest, NodeProcess
+from ..program import torchrun_program
 from . import procs, standby
 from .base_paths import LAUNCHER
 from .book import file_lock, read_json, write_json
@@ -53,7 +54,8 @@ def torchrun_argv(python: str, nnodes: int, node_rank: int | str, nproc: int, po
         # torchrun would SIGKILL its ranks 30 s after a SIGTERM by default,
         # cutting an emergency checkpoint short; stop()'s grace is the bound.
         f"--shutdown-timeout={TORCHRUN_SHUTDOWN_TIMEOUT_S}",
-        *(command or ("-m", "trainer")),
+        # `--` ends torchrun's options: nothing of the program's is read as one.
+        *torchrun_program(command),
     ]
 
 
