@@ -3,37 +3,73 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# Packages are installed by uv (pinned here, from PyPI), kept once per
+# machine beside its cache: it fetches in parallel and links installs from
+# that cache, so a second virtualenv on the machine takes seconds, torch
+# included. Its own virtualenv needs only Python's venv module.
+UV_VERSION ?= 0.13.9
+UV_HOME ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/regatta/uv-$(UV_VERSION)
+UV := $(UV_HOME)/bin/uv
+UV_INSTALL := $(UV) pip install --python $(PY) --quiet
+# Everything: the control plane, the fleet's torch and the test tools.
 STAMP := $(VENV)/.installed-stamp
-# The control plane itself needs no torch; the local fleet's ranks (the
-# worker package, in the same virtualenv) do. Pinned: an open range would
-# pull the newest CUDA build.
+# The control plane alone (web, worker, beat need no torch), and the local
+# fleet's worker environment (torch and the trainer, for its ranks): `./run`
+# starts the first and installs the second behind it.
+CONTROLPLANE_STAMP := $(VENV)/.controlplane-stamp
+FLEET_STAMP := $(VENV)/.fleet-stamp
+# Pinned: an open range would pull the newest CUDA build.
 TORCH ?= 2.13.0
+# A virtualenv (with pip: the tests build wheels with it) and uv to fill it.
+ENSURE_VENV = [ -x $(UV) ] || { $(PYTHON) -m venv $(UV_HOME) && \
+	$(UV_HOME)/bin/pip install --quiet --disable-pip-version-check uv==$(UV_VERSION); }; \
+	[ -x $(PY) ] || $(UV) venv --quiet --seed --python $(PYTHON) $(VENV)
+# Whether the virtualenv has everything, current with the project's files.
+HAS_ALL = [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ] && \
+	[ $(STAMP) -nt worker_image/pyproject.toml ]
 
-.PHONY: run test test-fast test-trainer install migrate demo lint bench clean \
-	kube-build kube-build-if-go kube-up kube-down slurm-up slurm-down
+.PHONY: run test test-fast test-trainer install controlplane fleet-env migrate demo \
+	lint bench clean kube-build kube-build-if-go kube-up kube-down slurm-up slurm-down
+
+$(CONTROLPLANE_STAMP): pyproject.toml worker_image/pyproject.toml
+	@if $(HAS_ALL); then :; else $(ENSURE_VENV); \
+		echo "Installing the control plane (no torch)"; \
+		$(UV_INSTALL) -e ./worker_image -e .; fi
+	@touch $@
+
+$(FLEET_STAMP): $(CONTROLPLANE_STAMP)
+	@if $(HAS_ALL); then :; else \
+		echo "Installing the local fleet's worker environment: torch $(TORCH) and the trainer"; \
+		$(UV_INSTALL) torch==$(TORCH) -e './worker_image[trainer,s3]'; fi
+	@touch $@
 
 $(STAMP): pyproject.toml worker_image/pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	@echo "Installing Regatta, and the worker package with torch $(TORCH) for the local fleet's ranks"
-	$(PY) -m pip install --quiet torch==$(TORCH) -e './worker_image[trainer,s3]' -e '.[test]'
-	touch $(STAMP)
+	@$(ENSURE_VENV)
+	@echo "Installing Regatta, the worker package with torch $(TORCH) for the local fleet's ranks, and the test tools"
+	$(UV_INSTALL) --upgrade-package pip pip torch==$(TORCH) -e './worker_image[trainer,s3]' \
+		-e '.[test]'
+	@touch $(STAMP) $(CONTROLPLANE_STAMP) $(FLEET_STAMP)
 
 install: $(STAMP)
+controlplane: $(CONTROLPLANE_STAMP)
+fleet-env: $(FLEET_STAMP)
 
-migrate: install
-	$(PY) manage.py migrate --noinput
+migrate: controlplane
+	@$(PY) manage.py migrate --noinput -v0
 
 # DEMO_ARGS=--no-job starts the demo world without submitting the demo job.
 DEMO_ARGS ?=
 
 demo: migrate
-	$(PY) manage.py regatta_demo $(DEMO_ARGS)
+	@$(PY) manage.py regatta_demo $(DEMO_ARGS)
 
 # For a terminal: Ctrl-C reaches the whole process group. A supervisor that
 # signals one PID should run ./run instead: make does not pass SIGINT on.
+# The web starts once the control plane is installed; the fleet's torch
+# installs behind it (`make fleet-env`, run by regatta_up --install-fleet),
+# and the demo job waits for it with that reason.
 run: demo
-	$(PY) manage.py regatta_up
+	$(PY) manage.py regatta_up --install-fleet
 
 # The suite keeps its own state folder (SQLite test database, embedded
 # redis-server and its socket), so it never shares one with a running

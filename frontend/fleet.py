@@ -13,6 +13,7 @@ from django.core.paginator import Paginator
 from django.db.models import BooleanField, Count, ExpressionWrapper, Q, Sum
 
 from clusters.models import Cluster, Node, NodeHealthEvent
+from clusters.providers.local import worker_env
 from jobs.models import AttemptNode, JobAttempt
 
 from . import scoping
@@ -237,3 +238,11 @@ def totals(counts: Counts) -> dict:
 
 def recent_health_events(limit: int = 15):
     return NodeHealthEvent.objects.select_related("node", "node__cluster")[:limit]
+
+
+def worker_environment() -> str:
+    """The local fleet's torch while it installs behind the running web
+    (clusters/providers/local/worker_env.py), or "" once it is there."""
+    if not Cluster.objects.filter(provider=Cluster.Provider.LOCAL).exists():
+        return ""
+    return worker_env.describe(worker_env.read_status())

@@ -8,6 +8,7 @@ from . import live
 
 PARTIALS = {
     "fleet-totals": "frontend/partials/fleet_totals.html",
+    "fleet-env": "frontend/partials/fleet_env.html",
     "fleet-attention": "frontend/partials/fleet_attention.html",
     "fleet-clusters": "frontend/partials/fleet_clusters.html",
     "fleet-health": "frontend/partials/health_events.html",
@@ -31,6 +32,7 @@ def _context(request, filters: dict):
         "totals": data.totals(counts),
         "counts": counts,
         "attention": data.attention(),
+        "fleet_env": data.worker_environment(),
         "page": page,
         "filters": filters,
         "state_filters": data.STATE_FILTERS,

@@ -28,6 +28,8 @@ from django.db import transaction
 from django.db.models import Count, F, Q, Sum
 
 from clusters.models import Cluster, Node, NodePool
+from clusters.providers import get_provider
+from clusters.providers.registry import provider_class
 from controlplane.lib.tasks import (
     ADMIT_CLUSTER,
     RECONCILE_JOB,
@@ -126,6 +128,14 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+def fleet_waiting(cluster: Cluster) -> str:
+    """Why the cluster's fleet cannot run ranks yet, as its provider says
+    (`environment_waiting`: only the local provider has one), or ""."""
+    if not hasattr(provider_class(cluster.provider), "environment_waiting"):
+        return ""  # no provider is built for nothing in every pass
+    return get_provider(cluster).environment_waiting()
+
+
 def request_admission(cluster_id: int) -> None:
     """Ask for an admission pass of the cluster once the transaction commits."""
     ADMIT_CLUSTER.soon(cluster_id)
@@ -195,6 +205,9 @@ class _Pass:
         self.default_pool = next(iter(self.pools.values()), None)
         self.free = free_nodes_by_pool(cluster.id)
         self.blocked_by: dict[int, TrainingJob] = {}
+        # A fleet that cannot run ranks yet (the local fleet's torch still
+        # installing) admits nothing: its jobs wait with that reason.
+        self.fleet_waiting = fleet_waiting(cluster)
         self.queueing: list = []  # the admitted jobs' queueing spans, booked at the end
         self.admitted: list[tuple[TrainingJob, str, dict]] = []  # written at the end
 
@@ -206,6 +219,8 @@ class _Pass:
         if job.gpus_per_node > pool.gpus_per_node:
             return (f"needs {job.gpus_per_node} GPUs per node; pool {pool.name} nodes have "
                     f"{pool.gpus_per_node}")
+        if self.fleet_waiting:
+            return self.fleet_waiting
         team = self.fleet.teams[job.team_id]
         quota = team.quota
         if quota is None:

@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -164,3 +165,52 @@ def test_sigint_to_the_one_pid_of_the_readme_run_command_stops_everything(tmp_pa
     finally:
         if up.poll() is None:
             os.killpg(up.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_the_console_says_where_and_how_to_sign_in_and_job_changes_and_logs_the_rest(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(REGATTA_STATE_DIR=str(tmp_path), PYTHONUNBUFFERED="1")
+    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT,
+                   env=env, check=True, timeout=120)
+    demo = subprocess.run([sys.executable, "manage.py", "regatta_demo"], cwd=ROOT, env=env,
+                          check=True, timeout=60, capture_output=True, text=True)
+    token = demo.stdout.split("demo API token: ", 1)[1].split()[0]
+    port = _free_port()
+    up = subprocess.Popen(
+        [sys.executable, "manage.py", "regatta_up", "--bind", f"127.0.0.1:{port}"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    lines: list[str] = []
+    try:
+        def says(text):
+            def seen():
+                assert up.poll() is None, "\n".join(lines)
+                return any(text in line for line in lines)
+            return seen
+
+        reader = threading.Thread(target=lambda: lines.extend(iter(up.stdout.readline, "")),
+                                  daemon=True)
+        reader.start()
+        eventually(says("Regatta is up"), timeout=120, what="the start-up block")
+        eventually(says("job #1 demo-gpt-tiny: pending → queued"), timeout=60,
+                   what="the demo job's first state change on the console")
+        _login_status(port)  # one more access-log line
+        up.send_signal(signal.SIGINT)
+        up.wait(timeout=60)
+        reader.join(timeout=5)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    console = "".join(lines)
+    log = (tmp_path / "logs" / "regatta.log").read_text()
+    assert f"open http://127.0.0.1:{port}/" in console
+    assert "sign in:    admin / regatta-demo" in console
+    assert f"API token:  {token}" in console
+    assert str(tmp_path / "logs" / "regatta.log") in console
+    # Access and task logs, and Celery's banners, go to the log file only.
+    for noise in ('"GET /login/', "celery beat v", "Task jobs.tasks", "Scheduler: Sending"):
+        assert noise not in console, noise
+    assert '"GET /login/' in log and "celery beat v" in log and "Task jobs.tasks" in log
+    assert len(console.splitlines()) < 40, console

@@ -115,3 +115,22 @@ def test_a_queue_the_thread_cannot_spill_in_time_drops_events_first_and_says_how
     ]
     assert urgent[-1][1]["data"] == {"events": 3}
     assert all(body["job_id"] == "3" for _, body in urgent)
+
+
+def test_the_first_step_is_reported_at_once_not_an_interval_later(control_plane):
+    reporter = Reporter(control_plane.url, "rgw_test", "7", rank=0, node="local-a-0",
+                        heartbeat_interval_s=30.0, job_id="3")
+    reporter.start()
+    try:
+        eventually(lambda: control_plane.of_kind("heartbeat"), timeout=10,
+                   what="the start-up heartbeat")
+        reporter.update_status(step=1)
+        # Within a third of the 30 s interval: the first step woke the reporter.
+        eventually(lambda: any(r["body"].get("step") == 1
+                               for r in control_plane.of_kind("heartbeat")),
+                   timeout=10, interval=0.05, what="a heartbeat carrying step 1")
+        reporter.update_status(step=2)
+        time.sleep(1.0)
+        assert not any(r["body"].get("step") == 2 for r in control_plane.of_kind("heartbeat"))
+    finally:
+        reporter.close(timeout_s=2)

@@ -138,7 +138,14 @@ class Reporter(NullReporter):
         self._thread.start()
 
     def update_status(self, **status: Any) -> None:
+        first_step = not self.status.get("step") and status.get("step")
         self.status = {**self.status, **status}
+        if first_step:
+            # The heartbeat that carries the first step is what marks the
+            # attempt running (and ends its start-up in the goodput ledger):
+            # sent now, not up to an interval later.
+            self._next_heartbeat = 0.0
+            self._wake.set()
 
     def metric(self, name: str, step: int, value: Any) -> None:
         """`value`: a number, or a deferred value (`ready()`, `get()`)."""

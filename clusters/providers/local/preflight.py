@@ -1,6 +1,12 @@
 """The preflight health check on the local fleet: a timed gloo all-reduce across
 the chosen nodes (one torchrun per node, one process each), plus DCGM
-diagnostics where `dcgmi` exists."""
+diagnostics where `dcgmi` exists.
+
+Where a node holds a warm standby (standby.py), its check runs there: the
+standby has imported torch and forks torchrun's agent and the rank, so the
+check costs the collective and not two cold Python starts per node, which
+were nearly all of it (docs/performance.md, "The first step"). The standby
+leaves a successor behind at once, for the launch that follows."""
 
 from __future__ import annotations
 
@@ -12,7 +18,7 @@ import uuid
 from pathlib import Path
 
 from ..base import NodeCheck, Placement, PreflightResult, preflight_evidence
-from . import procs
+from . import procs, standby
 from .attempts import free_port, torchrun_argv
 from .book import read_json
 from .environment import rank_environment
@@ -52,7 +58,8 @@ def _verdict(names: list[str], results: dict[str, dict]) -> tuple[list[str], str
 
 
 def run_preflight(fleet: Path, placements: tuple[Placement, ...], bad: set[str],
-                  timeout_s: float, python: str = sys.executable) -> PreflightResult:
+                  timeout_s: float, python: str = sys.executable,
+                  standbys: bool = False) -> PreflightResult:
     started = time.monotonic()
     ordered = sorted(placements, key=lambda p: p.node_rank)
     names = [p.node for p in ordered]
@@ -61,6 +68,7 @@ def run_preflight(fleet: Path, placements: tuple[Placement, ...], bad: set[str],
     port = free_port()
     collective_timeout = max(1.0, min(COLLECTIVE_TIMEOUT_S, timeout_s))
     children = []
+    warm: list[str] = []
     for i, placement in enumerate(ordered):
         env = rank_environment({
             "OMP_NUM_THREADS": "1", "REGATTA_NODE": placement.node,
@@ -73,6 +81,11 @@ def run_preflight(fleet: Path, placements: tuple[Placement, ...], bad: set[str],
         if placement.node in bad:
             env["REGATTA_PREFLIGHT_FAULT"] = "simulated hardware fault (operator fault injection)"
         argv = torchrun_argv(python, len(ordered), i, 1, port, ("-m", "regatta.preflight"))
+        node_dir = run_dir / f"node-{i}"
+        node_dir.mkdir()
+        if standbys and standby.hand_over(fleet, placement.node, node_dir, argv, env, python):
+            warm.append(placement.node)
+            continue
         with open(run_dir / f"node-{i}.log", "ab") as log:
             children.append(subprocess.Popen(argv, env=env, cwd=run_dir, stdout=log,
                                              stderr=subprocess.STDOUT,
@@ -89,8 +102,8 @@ def run_preflight(fleet: Path, placements: tuple[Placement, ...], bad: set[str],
             self_failed = any(r.get("error") and not r.get("peer_failure")
                               for r in results.values())
             # With every report in, torchrun's orderly shutdown is only a wait.
-            if self_failed or len(results) == len(names) or all(
-                    c.poll() is not None for c in children):
+            if self_failed or len(results) == len(names) or _all_ended(
+                    children, [run_dir / f"node-{i}" for i, n in enumerate(names) if n in warm]):
                 break
             time.sleep(0.1)
     finally:
@@ -109,11 +122,19 @@ def run_preflight(fleet: Path, placements: tuple[Placement, ...], bad: set[str],
     evidence = preflight_evidence(
         per_node, seconds=time.monotonic() - started,
         method="allreduce", bytes=TENSOR_BYTES, iters=ITERS, dcgm=dcgm, run_dir=str(run_dir),
+        warm_nodes=warm,
     )
     message = f"preflight failed on {', '.join(failed)}: {why}" if failed else (
         f"all-reduce of {TENSOR_BYTES} bytes across {len(names)} nodes passed")
     return PreflightResult(ok=not failed, failed_nodes=tuple(failed), evidence=evidence,
                            message=message)
+
+
+def _all_ended(children: list, warm_dirs: list[Path]) -> bool:
+    """Every node's processes have exited: the cold ones' torchrun, and the
+    warm ones' launcher (the standby it became) has written its exit."""
+    return (all(c.poll() is not None for c in children)
+            and all((d / "exit.json").exists() for d in warm_dirs))
 
 
 def node_reports(names: list[str], results: dict[str, dict], dcgm: str | dict

@@ -26,7 +26,7 @@ from ..base import (
     PreflightResult,
     ScalingStatus,
 )
-from . import attempts, devices, faults, preflight, procs, standby
+from . import attempts, devices, faults, preflight, procs, standby, worker_env
 from .base_paths import LAUNCHER
 from .book import NodeBook
 
@@ -146,9 +146,14 @@ class LocalProvider:
         faults.kill_node(self.root, node)
         return self._info(pool, new)
 
+    def environment_waiting(self) -> str:
+        """Why the fleet cannot run ranks yet (its torch still installing,
+        worker_env.py), or "": jobs wait in the queue with this reason."""
+        return worker_env.waiting_reason(self.python)
+
     def hold_spares(self, pool: PoolInfo, nodes: list[str]) -> None:
         """Only Regatta places work on its nodes; a spare holds a warm standby."""
-        if not self.standbys:
+        if not self.standbys or self.environment_waiting():
             return
         standby.renew_lease(self.root)
         env = attempts.standby_environment()
@@ -202,7 +207,7 @@ class LocalProvider:
         nodes = NodeBook.pool(data, pool.name)["nodes"]
         bad = {p.node for p in placements if nodes.get(p.node, {}).get("bad")}
         return preflight.run_preflight(self.root, tuple(placements), bad, timeout_s,
-                                       python=self.python)
+                                       python=self.python, standbys=self.standbys)
 
     # --- health and faults ------------------------------------------------
     def health_signals(self, pool: PoolInfo) -> list[HealthSignal]:

@@ -3,17 +3,25 @@ cluster with a spare, and (unless --no-job) a 2-node job (1-node on a pool of
 one) training the built-in model. Its pool is `cpu` (gloo on CPU, on any machine), or with
 `--devices cuda` `gpu`: one of this machine's GPUs per node (docs/fleet.md)."""
 
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
-from accounts.models import ApiToken
+from accounts.models import ApiToken, hash_token
 from clusters.models import Cluster, NodePool
 from jobs.models import Quota, Team, TrainingJob
 from jobs.services import submit_job
 
 DEMO_USER = "admin"
 DEMO_PASSWORD = "regatta-demo"
+# The demo token, kept (owner-only) so that regatta_up can print it again:
+# the database keeps only its hash.
+TOKEN_FILE = "demo-token"
 
 DEMO_JOB_HYPERPARAMETERS = {
     "model": "tiny",
@@ -75,9 +83,46 @@ class Command(BaseCommand):
                 "pool": pool, "num_nodes": min(2, pool.size), "gpus_per_node": 1,
                 "hyperparameters": DEMO_JOB_HYPERPARAMETERS, "checkpoint_every_steps": 100,
             }, admin, send=False)
+        if token:
+            _keep_token(Path(settings.STATE_DIR) / TOKEN_FILE, token)
         self.stdout.write(f"demo login: {DEMO_USER} / {DEMO_PASSWORD}")
         if token:
-            self.stdout.write(f"demo API token (shown once): {token}")
+            self.stdout.write(f"demo API token: {token}")
         if job:
             self.stdout.write(f"demo job #{job.pk} submitted ({job.num_nodes} node(s), "
                               "built-in GPT)")
+
+
+def _keep_token(path: Path, token: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token + "\n")
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class SignIn:
+    user: str = ""
+    password: str = ""
+    token: str = ""
+    token_file: str = ""
+
+
+def demo_sign_in(state_dir: Path) -> SignIn:
+    """How to sign in to the demo, as far as it still holds: the password
+    only while the demo admin has it, the token only while it is active."""
+    user = get_user_model().objects.filter(username=DEMO_USER).first()
+    if user is None:
+        return SignIn()
+    password = DEMO_PASSWORD if user.check_password(DEMO_PASSWORD) else ""
+    path = state_dir / TOKEN_FILE
+    try:
+        token = path.read_text().strip()
+    except OSError:
+        token = ""
+    if token and not ApiToken.objects.active().filter(
+            user=user, token_hash=hash_token(token)).exists():
+        token = ""
+    return SignIn(user=DEMO_USER, password=password, token=token,
+                  token_file=str(path) if token else "")
