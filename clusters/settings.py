@@ -62,6 +62,10 @@ class ClusterSettings:
     first_step_deadline_s: float = setting(
         900.0, "no first step this long after every rank reported is a start-up hang",
         minimum=0)
+    # Long before those deadlines, a start-up that shows nothing says why.
+    startup_report_after_s: float = setting(
+        60.0, "an attempt with no first step this long after its launch gets a StartupReport "
+        "event saying what each rank is doing, again when that changes (0: never)", minimum=0)
     # A peer that exits 84 may be seen before the rank that died and caused it;
     # wait this long for the root cause before calling the failure transient.
     root_cause_grace_s: float = setting(5.0, "wait for a failure's root cause", minimum=0)

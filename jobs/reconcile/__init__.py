@@ -23,7 +23,7 @@ from controlplane.lib.reconcile import Result
 from jobs import admission, evals, goodput
 from jobs.checkpointing import interval as checkpoint_interval
 from jobs.checkpointing import open_job_storage
-from jobs.reconcile import drain, failures, finish, launch, preemption, rank_death, waiting
+from jobs.reconcile import drain, failures, finish, launch, preemption, rank_death, startup, waiting
 from jobs.worker_api import undelivered
 
 from ..models import NO_HEARTBEATS, JobAttempt, Phase, RankStatus, TrainingJob
@@ -163,6 +163,7 @@ def _watch(ctx: Ctx) -> Result:
     status = ctx.provider.observe(attempt.provider_ref)
     _collect_undelivered(ctx, attempt, status)
     _progress(ctx, attempt, status)
+    startup.watch(ctx, attempt, status)
     # Before detect: a victim's exit 83 after its checkpoint is what it was
     # asked for, not a failure.
     evicted = preemption.check(ctx, attempt, status)

@@ -3,7 +3,9 @@ the trainer: it joins the gang, all-reduces a few times, writes the status file
 the trainer would, and exits with the code asked for (REGATTA_TEST_EXIT) or
 keeps stepping for REGATTA_TEST_STEPS steps of REGATTA_TEST_STEP_S seconds.
 With REGATTA_TEST_DUMP_ENV set, each rank first writes the environment it was
-given to `env-<rank>.json`, for the tests of what user code may see."""
+given to `env-<rank>.json`, for the tests of what user code may see; with
+REGATTA_TEST_CUDA, `cuda-<rank>.json`: the GPUs CUDA would see, and whether
+it finds one (the trainer's first CUDA call)."""
 
 import json
 import os
@@ -24,6 +26,17 @@ def main() -> int:
     if os.environ.get("REGATTA_TEST_DUMP_ENV"):
         with open(os.path.join(os.environ["REGATTA_STATUS_DIR"], f"env-{rank}.json"), "w") as fh:
             json.dump(dict(os.environ), fh)
+    if os.environ.get("REGATTA_TEST_CUDA"):
+        # What CUDA would see here: the driver reads CUDA_VISIBLE_DEVICES from
+        # the C environment when it initialises, not from os.environ.
+        import ctypes
+
+        seen = ctypes.CDLL(None).getenv
+        seen.restype = ctypes.c_char_p
+        with open(os.path.join(os.environ["REGATTA_STATUS_DIR"], f"cuda-{rank}.json"), "w") as fh:
+            json.dump({"visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                       "visible_to_cuda": (seen(b"CUDA_VISIBLE_DEVICES") or b"").decode(),
+                       "available": torch.cuda.is_available()}, fh)
     stop = {"asked": False}
     if os.environ.get("REGATTA_TEST_IGNORE_TERM"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a rank stuck where it cannot exit

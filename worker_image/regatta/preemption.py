@@ -35,6 +35,7 @@ import signal
 import threading
 from collections.abc import Callable
 
+from regatta import startup
 from regatta.exits import EXIT_PREEMPTED
 
 log = logging.getLogger("regatta")
@@ -68,8 +69,10 @@ class Preemption:
             self.deliver()
 
     def enter(self, phase: str) -> None:
-        """Name what the rank is doing now (it goes into the early-exit report)."""
+        """Name what the rank is doing now (it goes into the early-exit report,
+        and into the start-up marker its launcher reads: regatta/startup.py)."""
         self.phase = phase
+        startup.mark(phase)
 
     def training(self, on_stop: Callable[[], None]) -> None:
         """From here on SIGTERM calls `on_stop` (finish the step, emergency
@@ -78,6 +81,7 @@ class Preemption:
             self.phase = "training"
             self._on_stop = on_stop
             already = self._received
+        startup.mark("training")
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGTERM)
         if already:
             on_stop()

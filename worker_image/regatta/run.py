@@ -26,7 +26,7 @@ from torch.optim.optimizer import (
 )
 
 from regatta import dist as rdist
-from regatta import gpu, loading, preemption, reporting
+from regatta import gpu, loading, preemption, reporting, startup
 from regatta.agreement import Decision, Directives
 from regatta.checkpoint import Checkpointer, open_for_writing
 from regatta.exits import EXIT_COLLECTIVE, EXIT_OK, EXIT_PREEMPTED, FAILURE_CLASS
@@ -132,6 +132,7 @@ class Run:
         self._per_rank_state = False
         self._boundary_at: tuple[int, int] | None = None
         self._handover_tried = False
+        self._stepped = False
         _OptimizerSteps.install()
 
     # -- who and where ---------------------------------------------------------------
@@ -161,6 +162,7 @@ class Run:
         copied to the host asynchronously and sent once there; the buffer is
         bounded, what overflows is counted and reported."""
         self.step = max(self.step, step)
+        self._first_step()
         self.reporter.update_status(step=self.step)
         for name, value in metrics.items():
             self.reporter.metric(name, step, _loggable(value))
@@ -170,7 +172,14 @@ class Run:
         step_time_s."""
         if "step" in progress:
             self.step = max(self.step, int(progress["step"]))
+            self._first_step()
         self.reporter.update_status(**progress)
+
+    def _first_step(self) -> None:
+        # The one start-up marker past the first step (regatta/startup.py).
+        if not self._stepped and self.step > 0:
+            self._stepped = True
+            startup.mark("stepping", step=self.step)
 
     def event(self, kind: str, message: str = "", **data: Any) -> None:
         """An event on the job's timeline (snake_case kind), from this rank."""
@@ -219,6 +228,7 @@ class Run:
             return self.directives.decision
         self._arm()
         self.step = max(self.step, step)
+        self._first_step()
         self._stop_seen = False
         # The program calls this at the end of step N: what it holds now is
         # step N's state, unless an optimizer is half-way through a step.

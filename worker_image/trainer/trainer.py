@@ -20,7 +20,7 @@ import time
 import numpy as np
 import torch
 import torch.distributed as dist
-from regatta import gpu
+from regatta import gpu, startup
 from regatta.dist import classify, tighten_timeout
 from regatta.exits import EXIT_COLLECTIVE, EXIT_OK
 from regatta.run import Run
@@ -78,6 +78,7 @@ class Trainer:
         # Compiled on CUDA by default: the kernels it fuses are most of the gap
         # to the bare loop there, and its compile time would dominate on CPU.
         use_compile = cfg.compile if cfg.compile is not None else self.use_cuda
+        self.compiled = use_compile
         self.forward = torch.compile(self.model) if use_compile else self.model
         self.optimizer = torch.optim.AdamW(
             param_groups(self.model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95),
@@ -274,6 +275,10 @@ class Trainer:
                  cfg.model, self.n_params, cfg.strategy, d.backend, self.step, cfg.max_steps,
                  d.world_size)
         first = True
+        if self.compiled and self.step < cfg.max_steps:
+            # torch.compile compiles in the first step: seconds to minutes
+            # with no step to show (regatta/startup.py).
+            startup.mark("compiling")
         while self.step < cfg.max_steps:
             loss, norm = self.train_step()
             window_steps += 1

@@ -27,7 +27,9 @@ PASSED = frozenset({
     "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
 })
 PASSED_PREFIXES = ("LC_", "NCCL_", "GLOO_", "FI_", "CUDA_", "CUDNN_", "CUBLAS_", "NVIDIA_",
-                   "TORCH_", "PYTORCH_", "OMP_", "MKL_", "KMP_")
+                   "TORCH_", "PYTORCH_", "OMP_", "MKL_", "KMP_",
+                   # torch.compile's: its kernel caches, compile workers, logs.
+                   "TORCHINDUCTOR_", "TORCHDYNAMO_", "TRITON_")
 
 
 def rank_environment(given: Mapping[str, object],

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..base import NodeCheck, Placement, PreflightResult, preflight_evidence
 from . import procs, standby
-from .attempts import free_port, torchrun_argv
+from .attempts import free_port, log_tail, torchrun_argv
 from .book import read_json
 from .environment import rank_environment
 
@@ -29,7 +29,19 @@ ITERS = 5
 COLLECTIVE_TIMEOUT_S = 15.0
 
 
-def dcgm_summary(timeout_s: float) -> str | dict:
+# What dcgmi says when no DCGM host engine (nv-hostengine) answers: DCGM
+# does not run on this machine, which is no evidence about a node's GPUs.
+_NO_HOST_ENGINE = ("unable to establish a connection", "unable to connect to host engine",
+                   "host engine connection invalid")
+
+
+def dcgm_summary(timeout_s: float, gpus: bool = True) -> str | dict:
+    """DCGM's diagnostic where it can run: a dict with its verdict, or a
+    string saying why it did not run (which fails no node). `gpus`: the
+    checked nodes hold GPUs of their own (a `cuda` pool's); a `cpu` pool's
+    logical nodes hold none, and DCGM has nothing to say about them."""
+    if not gpus:
+        return "not run: the nodes hold no GPUs of their own (devices: cpu)"
     dcgmi = shutil.which("dcgmi")
     if not dcgmi:
         return "dcgmi not present"
@@ -38,7 +50,11 @@ def dcgm_summary(timeout_s: float) -> str | dict:
                               timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return {"ok": False, "summary": f"dcgmi diag -r 1 timed out after {timeout_s}s"}
+    except OSError as exc:
+        return f"dcgmi could not run: {exc}"
     text = (done.stdout + done.stderr).strip()
+    if any(m in text.lower() for m in _NO_HOST_ENGINE):
+        return f"DCGM is not running here (no host engine answered): {text[-300:]}"
     return {"ok": done.returncode == 0 and "fail" not in text.lower(),
             "returncode": done.returncode, "summary": text[-2000:]}
 
@@ -59,7 +75,7 @@ def _verdict(names: list[str], results: dict[str, dict]) -> tuple[list[str], str
 
 def run_preflight(fleet: Path, placements: tuple[Placement, ...], bad: set[str],
                   timeout_s: float, python: str = sys.executable,
-                  standbys: bool = False) -> PreflightResult:
+                  standbys: bool = False, gpus: bool = True) -> PreflightResult:
     started = time.monotonic()
     ordered = sorted(placements, key=lambda p: p.node_rank)
     names = [p.node for p in ordered]
@@ -117,8 +133,12 @@ def run_preflight(fleet: Path, placements: tuple[Placement, ...], bad: set[str],
     for i, name in enumerate(names):  # a last look: some may have written at the end
         if name not in results and (data := read_json(run_dir / f"node-{i}.json")):
             results[name] = data
-    dcgm = dcgm_summary(max(5.0, deadline - time.monotonic()))
+    dcgm = dcgm_summary(max(5.0, deadline - time.monotonic()), gpus)
     failed, why, per_node = node_reports(names, results, dcgm)
+    for i, name in enumerate(names):
+        if name in failed:  # what its torchrun said, beside the verdict
+            per_node[name]["log_tail"] = (log_tail(run_dir / f"node-{i}.log", 20)
+                                          or log_tail(run_dir / f"node-{i}" / "stdout.log", 20))
     evidence = preflight_evidence(
         per_node, seconds=time.monotonic() - started,
         method="allreduce", bytes=TENSOR_BYTES, iters=ITERS, dcgm=dcgm, run_dir=str(run_dir),

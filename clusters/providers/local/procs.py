@@ -17,12 +17,14 @@ Standard library only: `launcher.py` imports this module as a plain script.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import time
 from dataclasses import dataclass, field
 
+PROC = "/proc"
 FLEET_TAG = "REGATTA_LOCAL_FLEET"
 ATTEMPT_TAG = "REGATTA_LOCAL_ATTEMPT_DIR"
 NODE_TAG = "REGATTA_NODE"
@@ -47,13 +49,50 @@ class Proc:
 def stat(pid: int) -> tuple[int, str, int] | None:
     """(ppid, state, starttime) of a live or zombie pid, None if gone."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
+        with open(f"{PROC}/{pid}/stat", "rb") as fh:
             raw = fh.read().decode(errors="replace")
     except OSError:
         return None
     # The command name sits in parentheses and may itself hold spaces or ')'.
     rest = raw[raw.rindex(")") + 2:].split()
     return int(rest[1]), rest[0], int(rest[19])
+
+
+@functools.cache
+def unreadable() -> str:
+    """Why this system's /proc cannot show the fleet its processes ("" when
+    it can). Everything here finds ranks by the tags in
+    /proc/<pid>/environ and tells a reused pid by /proc/<pid>/stat; a
+    sandbox's /proc (gVisor's, say) may lack either, and then a kill, a
+    stop or a drain would find nothing to signal."""
+    me = os.getpid()
+    try:
+        with open(f"{PROC}/{me}/environ", "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        return f"{PROC}/<pid>/environ cannot be read ({exc})"
+    if os.environ and b"=" not in raw:
+        return f"{PROC}/<pid>/environ shows no environment"
+    if starttime(me) is None:
+        return f"{PROC}/<pid>/stat cannot be read"
+    return ""
+
+
+def usage(pid: int) -> tuple[float, float] | None:
+    """(CPU seconds used, seconds since it started) of a live pid, None if
+    gone: a process that burns CPU is working (importing, compiling); one
+    that does not is waiting (a rendezvous, a peer)."""
+    try:
+        with open(f"{PROC}/{pid}/stat", "rb") as fh:
+            rest = fh.read().decode(errors="replace")
+        with open(f"{PROC}/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    fields = rest[rest.rindex(")") + 2:].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    cpu = (int(fields[11]) + int(fields[12])) / ticks
+    return round(cpu, 2), round(max(0.0, uptime - int(fields[19]) / ticks), 1)
 
 
 def starttime(pid: int) -> int | None:
@@ -73,7 +112,7 @@ def is_running(pid: int | None, start: int | None = None) -> bool:
 
 def _environ(pid: int) -> dict:
     try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
+        with open(f"{PROC}/{pid}/environ", "rb") as fh:
             raw = fh.read()
     except OSError:
         return {}
@@ -152,7 +191,7 @@ def scan(**tags: str) -> list[Proc]:
     wanted = {names[k]: str(v) for k, v in tags.items()}
     me = os.getpid()
     found = []
-    for entry in os.listdir("/proc"):
+    for entry in os.listdir(PROC):
         if not entry.isdigit() or int(entry) == me:
             continue
         pid = int(entry)

@@ -24,9 +24,10 @@ from ..base import (
     Placement,
     PoolInfo,
     PreflightResult,
+    RankActivity,
     ScalingStatus,
 )
-from . import attempts, devices, faults, preflight, procs, standby, worker_env
+from . import attempts, devices, faults, preflight, procs, standby, startup, worker_env
 from .base_paths import LAUNCHER
 from .book import NodeBook
 
@@ -51,6 +52,9 @@ class LocalPoolSettings:
                            "cuda: each node holds gpus_per_node of this machine's GPUs "
                            "(CUDA_VISIBLE_DEVICES) and its ranks use NCCL (devices.py)",
                            choices=devices.DEVICES)
+    standbys: bool | None = setting(None, "warm standbys on this pool's nodes: false launches "
+                                    "them cold, true keeps standbys; default: the cluster's "
+                                    "`standbys`")
 
 
 class LocalProvider:
@@ -146,6 +150,13 @@ class LocalProvider:
         faults.kill_node(self.root, node)
         return self._info(pool, new)
 
+    def _standbys(self, pool: PoolInfo) -> bool:
+        """Whether the pool's nodes keep warm standbys: its own setting, else
+        the cluster's; never where standbys cannot be reached (standby.py)."""
+        own = pool.settings
+        chosen = own.standbys if isinstance(own, LocalPoolSettings) else None
+        return (self.standbys if chosen is None else chosen) and not standby.unavailable()
+
     def environment_waiting(self) -> str:
         """Why the fleet cannot run ranks yet (its torch still installing,
         worker_env.py), or "": jobs wait in the queue with this reason."""
@@ -153,7 +164,7 @@ class LocalProvider:
 
     def hold_spares(self, pool: PoolInfo, nodes: list[str]) -> None:
         """Only Regatta places work on its nodes; a spare holds a warm standby."""
-        if not self.standbys or self.environment_waiting():
+        if not self._standbys(pool) or self.environment_waiting():
             return
         standby.renew_lease(self.root)
         env = attempts.standby_environment()
@@ -173,14 +184,24 @@ class LocalProvider:
 
     # --- attempts ---------------------------------------------------------
     def launch(self, request: LaunchRequest) -> dict:
-        return attempts.launch(self.root, request, python=self.python, standbys=self.standbys,
+        problem = procs.unreadable()
+        if problem:
+            raise PermanentError(
+                f"{self.cluster}: the local fleet cannot run ranks on this system: {problem}; "
+                "it finds, stops and kills them by the tags in their environment")
+        return attempts.launch(self.root, request, python=self.python,
+                               standbys=self._standbys(request.pool),
                                node_env=self._devices(request))
+
+    @staticmethod
+    def _devices_of(pool: PoolInfo) -> str:
+        own = pool.settings
+        return own.devices if isinstance(own, LocalPoolSettings) else devices.CPU
 
     def _devices(self, request: LaunchRequest) -> dict[str, dict[str, str]]:
         """Each node's CUDA_VISIBLE_DEVICES (devices.py), the GPUs it takes
         written into the book."""
-        own = request.pool.settings
-        mode = own.devices if isinstance(own, LocalPoolSettings) else devices.CPU
+        mode = self._devices_of(request.pool)
         gang = [p.node for p in sorted(request.placements, key=lambda p: p.node_rank)]
         where = f"{self.cluster}/{request.pool.name}"
         if mode == devices.CPU:
@@ -201,13 +222,19 @@ class LocalProvider:
     def stop(self, ref: dict, grace_s: float = 30.0) -> None:
         attempts.stop(ref, grace_s)
 
+    def describe_startup(self, ref: dict) -> tuple[RankActivity, ...]:
+        """What each rank of a launched attempt is doing before its first
+        step, from its node's records (startup.py)."""
+        return startup.describe(ref)
+
     def preflight(self, pool: PoolInfo, placements: tuple[Placement, ...],
                   timeout_s: float = 60.0) -> PreflightResult:
         data = self.book.read()
         nodes = NodeBook.pool(data, pool.name)["nodes"]
         bad = {p.node for p in placements if nodes.get(p.node, {}).get("bad")}
         return preflight.run_preflight(self.root, tuple(placements), bad, timeout_s,
-                                       python=self.python, standbys=self.standbys)
+                                       python=self.python, standbys=self._standbys(pool),
+                                       gpus=self._devices_of(pool) == devices.CUDA)
 
     # --- health and faults ------------------------------------------------
     def health_signals(self, pool: PoolInfo) -> list[HealthSignal]:

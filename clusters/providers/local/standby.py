@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
+import functools
 import hashlib
 import json
 import os
@@ -73,6 +75,12 @@ _FIXED_AT_START = ("LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONHOME")
 # a failed rank, seconds spent between a rank's death and the agent's exit.
 PRELOAD = ("torch", "torch.distributed.run", "torch._dynamo", "regatta.run",
            "trainer.__main__", "trainer.trainer")
+# A process that initialised CUDA cannot give it to the children it forks:
+# their first CUDA call fails ("initialization error"). The standby forks
+# every rank, so nothing in it may touch CUDA; `torch.cuda.is_available()`
+# (cuInit) under this variable asks NVML instead, which forks safely.
+# Only the standby's own environment: a launch replaces it.
+NO_CUDA_INIT = {"PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
 
 
 def standby_dir(fleet: Path, node: str) -> Path:
@@ -82,6 +90,42 @@ def standby_dir(fleet: Path, node: str) -> Path:
 def address(folder: Path) -> str:
     digest = hashlib.sha256(str(Path(folder).resolve()).encode()).hexdigest()[:32]
     return f"\0regatta-standby-{digest}"
+
+
+@functools.cache
+def unavailable() -> str:
+    """Why this machine cannot hold standbys ("" when it can): they are
+    reached over abstract Unix sockets, which a sandbox's kernel may lack.
+    Without them every launch goes cold."""
+    name = f"\0regatta-standby-probe-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server, \
+                socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            server.bind(name)
+            server.listen(1)
+            client.settimeout(2.0)
+            client.connect(name)
+    except OSError as exc:
+        return f"abstract Unix sockets do not work here ({exc})"
+    return ""
+
+
+def cuda_driver_loaded(maps: str) -> str:
+    """The CUDA driver library mapped into a process (its /proc/<pid>/maps),
+    "" if none: loaded means CUDA was initialised there."""
+    for line in maps.splitlines():
+        path = line.split()[-1] if line.split() else ""
+        if "/libcuda.so" in path:
+            return path
+    return ""
+
+
+def _cuda_in_me() -> str:
+    try:
+        with open("/proc/self/maps") as fh:
+            return cuda_driver_loaded(fh.read())
+    except OSError:
+        return ""
 
 
 def _info(folder: Path) -> dict:
@@ -113,7 +157,7 @@ def ensure(fleet: Path, node: str, python: str, env: dict, delay_s: float = 0.0)
     takes its standby along. Returns once the standby has detached."""
     renew_lease(fleet)  # never started into a lease about to lapse
     folder = standby_dir(fleet, node)
-    if _alive(_info(folder)):
+    if _alive(_info(folder)) or unavailable():
         return
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / "standby.err", "ab") as err:
@@ -194,7 +238,12 @@ def _refusal(task: dict) -> str:
     for name in _FIXED_AT_START:
         if env.get(name) != os.environ.get(name):
             return f"{name} differs"
+    if _CUDA_LOADED and env.get("CUDA_VISIBLE_DEVICES") != "":
+        return f"CUDA was initialised here ({_CUDA_LOADED}): forked ranks could not use it"
     return ""
+
+
+_CUDA_LOADED = ""  # set once the imports are done (`serve`)
 
 
 def _receive(conn: socket.socket) -> dict:
@@ -281,6 +330,7 @@ def _become_rank(first_on_path: str) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     procs.tag_self()
+    _mark_started()
     # `python -u`, as a cold launch runs its ranks: lines reach the log as written.
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(line_buffering=True, write_through=True)
@@ -297,6 +347,20 @@ def _become_rank(first_on_path: str) -> None:
         import faulthandler
 
         faulthandler.enable()
+
+
+def _mark_started() -> None:
+    """The rank's first start-up marker (regatta/startup.py writes the
+    later ones): forked, running the program's entry point."""
+    status_dir, rank = os.environ.get("REGATTA_STATUS_DIR"), os.environ.get("RANK", "0")
+    if not status_dir:
+        return
+    now = time.time()
+    with contextlib.suppress(OSError):
+        book.write_json(Path(status_dir) / f"startup-{rank}.json", {
+            "rank": int(rank) if rank.isdigit() else rank, "pid": os.getpid(),
+            "phase": "started", "at": now, "history": [["started", round(now, 3)]],
+            "warm": True})
 
 
 def _count_exit_zero_as_done() -> None:
@@ -318,6 +382,26 @@ def _count_exit_zero_as_done() -> None:
     MultiprocessContext._poll = _poll
 
 
+def _config_without_cuda(torchrun, args):
+    """torchrun's `config_from_args`, with its CUDA question answered by
+    NVML. Its LaunchConfig asks `torch.cuda.is_available()` and
+    `device_count()` (for a default NUMA binding: none in torch's own
+    builds), and here that would initialise CUDA (cuInit) in the process
+    the ranks are then forked from: on a GPU each forked rank's first CUDA
+    call would fail. NVML counts the same GPUs without; where it cannot,
+    the answer is none, and the ranks run unbound."""
+    import torch
+
+    count = getattr(torch.cuda, "_device_count_nvml", lambda: -1)()
+    count = max(0, count)
+    asked = torch.cuda.is_available, torch.cuda.device_count
+    torch.cuda.is_available, torch.cuda.device_count = (lambda: count > 0), (lambda: count)
+    try:
+        return torchrun.config_from_args(args)
+    finally:
+        torch.cuda.is_available, torch.cuda.device_count = asked
+
+
 def _agent(torchrun_args: list[str]) -> int:
     """torchrun's `run`, in this process, with ranks forked from it."""
     import traceback
@@ -329,7 +413,7 @@ def _agent(torchrun_args: list[str]) -> int:
     _count_exit_zero_as_done()
 
     args = torchrun.parse_args(["--start-method=fork", *torchrun_args])
-    config, cmd, cmd_args = torchrun.config_from_args(args)
+    config, cmd, cmd_args = _config_without_cuda(torchrun, args)
     entry, call = cmd, list(cmd_args)
     if isinstance(cmd, str) and cmd_args[:1] == ["-u"]:
         if cmd_args[1:2] == ["-m"]:
@@ -344,7 +428,7 @@ def _agent(torchrun_args: list[str]) -> int:
     return 0
 
 
-def _launch(task: dict) -> int:
+def _launch(task: dict, about: dict) -> int:
     import launcher
 
     node_dir = Path(task["node_dir"])
@@ -378,7 +462,7 @@ def _launch(task: dict) -> int:
             os._exit(code)
     os.close(out)
     code = launcher.supervise(node_dir, launcher.Forked(pid), task.get("beat_every"),
-                              warm=True)
+                              warm=True, standby=about)
     procs.prune_tags(os.environ.get(procs.FLEET_TAG, ""))
     procs.untag_self()
     return code
@@ -387,21 +471,32 @@ def _launch(task: dict) -> int:
 def serve(folder: Path, delay_s: float) -> int:
     if os.fork():
         os._exit(0)  # the provider returns at once; the standby goes on alone
+    global _CUDA_LOADED
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.bind(address(folder))
-    except OSError:
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            # Not another standby: this machine cannot have one. Said where
+            # `ensure` looks, so it stops starting standbys that cannot bind.
+            book.write_json(folder / INFO, {**_about(), "state": "unavailable",
+                                            "error": f"binding its socket: {exc}"})
+            return 1
         return 0  # another standby holds this node
     me = os.getpid()
+    born = time.time()
     book.write_json(folder / INFO, {**_about(), "state": "starting"})
     time.sleep(delay_s)
     if _info(folder).get("pid") != me:
         return 0
+    os.environ.update(NO_CUDA_INIT)
     preloaded = _preload()
+    _CUDA_LOADED = _cuda_in_me()
     sock.listen(4)
     while True:
-        book.write_json(folder / INFO, {**_about(), "state": "ready", "ready_at": time.time(),
-                                        "preloaded": preloaded})
+        ready_at = time.time()
+        book.write_json(folder / INFO, {**_about(), "state": "ready", "ready_at": ready_at,
+                                        "preloaded": preloaded, "cuda_loaded": _CUDA_LOADED})
         task = _wait_for_launch(sock, folder)
         if task is None:
             sock.close()
@@ -417,7 +512,8 @@ def serve(folder: Path, delay_s: float) -> int:
             continue
         os.waitpid(successor, 0)
         sock.close()
-        return _launch(task)
+        return _launch(task, {"pid": os.getpid(), "born_at": born, "ready_at": ready_at,
+                              "preloaded": preloaded, "cuda_loaded": _CUDA_LOADED})
 
 
 def _about() -> dict:
