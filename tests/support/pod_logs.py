@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kubernetes import client as k8s
+
 
 @dataclass
 class PodLogs:
@@ -25,11 +27,13 @@ class PodLogs:
 
     def read(self, name: str, namespace: str, **kwargs):
         self.reads.append({"pod": name, "namespace": namespace, **kwargs})
-        text = self.text.get((namespace, name), "")
+        raw = _Raw(self.text.get((namespace, name), "").encode())
         if kwargs.get("_preload_content") is False:
             # What the client hands back unparsed: the raw bytes of the body.
-            return _Raw(text.encode())
-        return text
+            return raw
+        # What the client makes of the body otherwise: it tries it as JSON
+        # first, so a log that is one JSON line comes back as a dict's repr.
+        return k8s.ApiClient().deserialize(raw, "str")
 
 
 @dataclass

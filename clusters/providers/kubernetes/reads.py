@@ -120,7 +120,7 @@ class CachedReads(LiveReads):
         known = self.cache.informer("nodes")
         missing = {n for n in names if known.get("", n) is None}
         # Confirmed by the server: a node can be newer than the cache.
-        return {n for n in missing if super().node(n) is None}
+        return {n for n in missing if LiveReads.node(self, n) is None}
 
     def pod_tombstones(self, selector: str) -> list[dict]:
         labels = parse_selector(selector)
