@@ -168,7 +168,7 @@ def test_sigint_to_the_one_pid_of_the_readme_run_command_stops_everything(tmp_pa
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(420)
 def test_the_console_says_where_and_how_to_sign_in_and_job_changes_and_logs_the_rest(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env.update(REGATTA_STATE_DIR=str(tmp_path), PYTHONUNBUFFERED="1")

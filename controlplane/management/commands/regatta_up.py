@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import urllib.request
 from pathlib import Path
 
 from django.conf import settings
+from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db import DatabaseError, close_old_connections
 
@@ -39,6 +41,7 @@ from .regatta_demo import demo_sign_in
 # Python traceback (its indented lines and the exception follow it).
 ALARM = re.compile(r"\b(WARNING|ERROR|CRITICAL)\b|^Traceback \(most recent call last\)")
 UP_TIMEOUT_S = 120.0
+WARM_EVERY_S = 5.0
 
 
 class Command(BaseCommand):
@@ -51,11 +54,20 @@ class Command(BaseCommand):
         parser.add_argument("--verbose", action="store_true",
                             help="print every process's output here (access and task logs "
                                  "included), not only to the log file")
+        parser.add_argument("--prepare", action="store_true",
+                            help="migrate and create the demo world first, in this process "
+                                 "(DEMO_ARGS: regatta_demo's arguments), as ./run does")
         parser.add_argument("--install-fleet", action="store_true",
                             help="install the local fleet's torch behind the running web "
                                  "(`make fleet-env`); jobs wait for it")
 
-    def handle(self, *args, bind, web_workers, verbose=False, install_fleet=False, **options):
+    def handle(self, *args, bind, web_workers, verbose=False, install_fleet=False,
+               prepare=False, **options):
+        if prepare:
+            # One Python start instead of three (migrate, the demo, this).
+            call_command("migrate", "--noinput", verbosity=0)
+            call_command("regatta_demo", *shlex.split(os.environ.get("DEMO_ARGS", "")),
+                         stdout=self.stdout)
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self.stopping = False
         self.verbose = verbose
@@ -79,22 +91,23 @@ class Command(BaseCommand):
                 redis_proc = start_redis(settings.EMBEDDED_REDIS_SOCKET)
                 if redis_proc is not None:
                     self.procs.append(("redis", redis_proc))
-            self._start_processes(bind, web_workers)
-            # What waits for beat's first tick is looked at now: a job
-            # submitted before the broker ran (the demo's), the fleet's nodes.
-            self._kick()
-            if install_fleet:
-                self._install_fleet()
-            else:
-                self._warm_fleet()
+            # The web first, alone on the CPUs while it starts: it is what a
+            # person waits for. Then the worker and beat, and the fleet's torch.
+            self._start_web(bind, web_workers)
             if self._wait_for_web(started):
                 self._say_welcome(_since_start(started))
+                self._start_worker_and_beat()
+                # What waits for beat's first tick is looked at now: a job
+                # submitted before the broker ran (the demo's), the fleet's nodes.
+                self._kick()
+                if install_fleet:
+                    self._install_fleet()
                 self._watch()
         finally:
             self._shutdown()
 
     # --- start-up -------------------------------------------------------------
-    def _start_processes(self, bind: str, web_workers: int) -> None:
+    def _start_web(self, bind: str, web_workers: int) -> None:
         host, _, port = bind.rpartition(":")
         self._spawn("web", [
             sys.executable, "-m", "granian", "--interface", "wsgi", "--no-ws",
@@ -103,6 +116,8 @@ class Command(BaseCommand):
             "--log-level", "warning", "--workers-kill-timeout", "5",
             "--factory", "controlplane.wsgi:serve",
         ])
+
+    def _start_worker_and_beat(self) -> None:
         self._spawn("worker", [
             sys.executable, "-m", "celery", "-A", "controlplane", "worker",
             "--loglevel", "INFO", "--concurrency", "2", "--without-gossip",
@@ -173,7 +188,6 @@ class Command(BaseCommand):
             if ok:
                 self._say_line(f"the fleet's torch is installed ({time.monotonic() - began:.0f} s):"
                                " its jobs can start")
-                self._warm_fleet()
                 self._kick()
             else:
                 self._alarm(worker_env.describe(worker_env.read_status()))
@@ -222,13 +236,18 @@ class Command(BaseCommand):
         last_event = self.last_event
         if sys.stdin is not None and sys.stdin.isatty():
             threading.Thread(target=self._on_enter, name="stdin", daemon=True).start()
-        next_look = 0.0
+        next_look = next_warm = 0.0
         while not self.stopping:
             if self._child_died():
                 break
             if time.monotonic() >= next_look:
                 last_event = self._say_state_changes(last_event)
                 next_look = time.monotonic() + 1.0
+            if time.monotonic() >= next_warm:
+                # Nodes appear with the cluster's first pass and come back
+                # idle when a job ends; each gets its standby within this.
+                self._warm_fleet()
+                next_warm = time.monotonic() + WARM_EVERY_S
             time.sleep(0.25)
 
     def _say_state_changes(self, after: int) -> int:
