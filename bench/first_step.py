@@ -49,7 +49,9 @@ def free_port() -> int:
 
 
 def bare_torchrun(work: Path) -> float:
-    """Seconds from spawning two torchrun processes to rank 0's first step."""
+    """Seconds from spawning two torchrun processes to rank 0's first step,
+    in a folder of its own (no checkpoint of an earlier start to resume)."""
+    work.mkdir(parents=True)
     port = free_port()
     config = {**DEMO_HYPERPARAMETERS, "log_every_steps": 1, "checkpoint_every_steps": 100}
     env = {k: v for k, v in os.environ.items() if not k.startswith("REGATTA_")}
@@ -74,7 +76,8 @@ def bare_torchrun(work: Path) -> float:
                 raise RuntimeError("bare torchrun ended before its first step: "
                                    + logs[0].read_text()[-2000:])
             time.sleep(0.05)
-        raise RuntimeError("bare torchrun: no first step in 300 s")
+        raise RuntimeError("bare torchrun: no first step in 300 s: "
+                           + "\n".join(log.read_text()[-1500:] for log in logs))
     finally:
         for p in procs:
             try:
@@ -241,8 +244,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="regatta-first-step-") as tmp:
         work = Path(tmp)
-        (work / "bare").mkdir()
-        bare = [bare_torchrun(work / "bare")]
+        bare = [bare_torchrun(work / "bare-before")]
         product = Product(work / "state")
         runs = []
         try:
@@ -254,7 +256,7 @@ def main() -> None:
                     for k, v in runs[-1].items()), flush=True)
         finally:
             product.stop()
-        bare.append(bare_torchrun(work / "bare"))
+        bare.append(bare_torchrun(work / "bare-after"))
         firsts = [r["first step"] for r in runs]
         med_product, med_bare = statistics.median(firsts), statistics.median(bare)
         print(f"\nsubmit → first step (product): median {med_product:.2f} s "

@@ -12,7 +12,18 @@ WAITING_PHASES = (Phase.PENDING, Phase.QUEUED, Phase.ADMITTED, Phase.STARTING, P
 
 @register.filter
 def pretty_json(value) -> str:
-    return json.dumps(value, indent=2, sort_keys=True, default=str)
+    """Evidence, labels, hyperparameters as a person reads them: a key with
+    no value is left out (JSON's `null` means nothing to a reader), and an
+    empty place in a list says so."""
+    return json.dumps(_without_nulls(value), indent=2, sort_keys=True, default=str)
+
+
+def _without_nulls(value):
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list | tuple):
+        return ["(none)" if v is None else _without_nulls(v) for v in value]
+    return value
 
 
 @register.filter

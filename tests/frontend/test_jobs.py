@@ -284,3 +284,13 @@ def test_the_attempts_table_shows_where_each_gang_landed(web, teammate, team, cl
     assert "<th>Placement</th>" in html
     assert ">packed</span>" in html and ">spread over 2</span>" in html
     assert "rack-a ×1, rack-b ×1" in html
+
+
+def test_evidence_on_the_timeline_leaves_out_what_has_no_value(web, owner, team, cluster):
+    job = make_job(team, cluster)
+    job.record("Launched", "attempt 1 on cpu-a-0", evidence={
+        "resume_step": None, "nodes": ["cpu-a-0", None], "step": 0})
+    html = web(owner).get(f"/jobs/{job.pk}/").content.decode()
+    evidence = html.split("<summary>evidence</summary><pre>", 1)[1].split("</pre>", 1)[0]
+    assert "null" not in evidence and "NaN" not in evidence and "resume_step" not in evidence
+    assert "(none)" in evidence and "&quot;step&quot;: 0" in evidence

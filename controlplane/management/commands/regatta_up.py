@@ -40,6 +40,9 @@ from .regatta_demo import demo_sign_in
 # in Celery's ("[... WARNING/MainProcess]") or the settings' format, or a
 # Python traceback (its indented lines and the exception follow it).
 ALARM = re.compile(r"\b(WARNING|ERROR|CRITICAL)\b|^Traceback \(most recent call last\)")
+# A client's 4xx (a mistyped URL, a refused token) is the client's business:
+# the access log in the file has it.
+CLIENT_ERROR = re.compile(r"\bWARNING django\.request\b")
 UP_TIMEOUT_S = 120.0
 WARM_EVERY_S = 5.0
 
@@ -310,7 +313,7 @@ class Command(BaseCommand):
                 # The frames are indented; the exception's line ends it.
                 in_traceback = line[:1].isspace()
                 self._alarm(f"{name} | {line}")
-            elif ALARM.search(line):
+            elif ALARM.search(line) and not CLIENT_ERROR.search(line):
                 in_traceback = line.startswith("Traceback")
                 self._alarm(f"{name} | {line}")
 
