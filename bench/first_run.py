@@ -39,9 +39,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def one_pass(work: Path, cold: bool, timeout_s: float) -> dict:
+def one_pass(work: Path, cold: bool, timeout_s: float, repo: Path = ROOT) -> dict:
     clone = work / "clone"
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    subprocess.run(["git", "clone", "-q", str(repo), str(clone)], check=True)
     env = {k: v for k, v in os.environ.items()
            if k not in ("DATABASE_URL", "REDIS_URL", "REGATTA_STATE_DIR", "VIRTUAL_ENV",
                         "VENV")}
@@ -100,6 +100,8 @@ def one_pass(work: Path, cold: bool, timeout_s: float) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--warm-only", action="store_true")
+    parser.add_argument("--repo", type=Path, default=ROOT,
+                        help="the repository to clone (default: this one)")
     parser.add_argument("--timeout", type=float, default=1800.0,
                         help="seconds a pass may take before it is stopped")
     args = parser.parse_args()
@@ -108,7 +110,7 @@ def main() -> None:
     for name, cold in passes:
         work = Path(tempfile.mkdtemp(prefix=f"regatta-first-run-{name}-"))
         try:
-            results[name] = one_pass(work, cold, args.timeout)
+            results[name] = one_pass(work, cold, args.timeout, args.repo)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         print(f"{name}: " + ", ".join(f"{k} {v:.1f} s" if isinstance(v, float) else f"{k} {v}"
