@@ -37,10 +37,11 @@ $(CONTROLPLANE_STAMP): pyproject.toml worker_image/pyproject.toml
 		$(UV_INSTALL) -e ./worker_image -e .; fi
 	@touch $@
 
+# Not --quiet: regatta_up reads uv's download bars for the progress it shows.
 $(FLEET_STAMP): $(CONTROLPLANE_STAMP)
 	@if $(HAS_ALL); then :; else \
 		echo "Installing the local fleet's worker environment: torch $(TORCH) and the trainer"; \
-		$(UV_INSTALL) torch==$(TORCH) -e './worker_image[trainer,s3]'; fi
+		$(UV) pip install --python $(PY) torch==$(TORCH) -e './worker_image[trainer,s3]'; fi
 	@touch $@
 
 $(STAMP): pyproject.toml worker_image/pyproject.toml
