@@ -17,8 +17,21 @@ is checked end to end, as a user would see it through the REST API:
 
 Exit status 0 when every check passed. The figures (time to the first
 metric, the recovery, the whole run) go to stdout as a table and, with
-`--out DIR`, to DIR/gpu_product.json beside the control plane's log
-(gpu_product_up.txt) and the ranks' (gpu_product_ranks.txt).
+`--out DIR`, to DIR/gpu_product.json and DIR/gpu_product.txt (the table,
+the control plane's log and the ranks' output).
+
+A run that stops short explains itself: when a wait of the flow times out,
+the run's own time limit (`--limit-s`) comes, or it is interrupted (SIGINT,
+as `timeout --signal=INT` sends), it writes where everything stood before it
+stops the control plane (bench/product_dump.py: the job, its attempts and
+events, the nodes, the fleet's records and logs on disk, a process tree),
+into the .txt and the tail of stdout.
+
+`--standbys on|off|both`: the pool's warm standbys (docs/fleet.md); `both`
+runs the whole product twice, standbys on then off, each with a control
+plane and state folder of its own and the same time limit, so that one GPU
+run tells a warm launch's trouble from a cold one's; the files then end
+in -warm and -cold.
 
 The GPU machine has Python 3.12 with torch but none of the control plane's
 packages, and no network. Fetch them here, as wheels for that Python, and
@@ -40,6 +53,7 @@ On a machine without CUDA the same flow runs on gloo and the CPU
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -56,6 +70,11 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import product_dump  # noqa: E402 - beside this script
+
+# Seconds kept from a run's limit for the dump and the stop.
+RESERVE_S = 30.0
 
 # The control plane's runtime packages (pyproject.toml's pins) that the GPU
 # machine's image does not hold. Left out: what that image already has (torch,
@@ -83,11 +102,12 @@ PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x
 STARTED = re.compile(r"training (\S+) \((\d+) params, (\w+), (\w+)\)")
 
 
-def fetch_wheels(folder: Path) -> None:
-    """Download the slim set for CPython 3.12 on x86-64, then drop what the image has."""
+def fetch_wheels(folder: Path, python: str = "3.12") -> None:
+    """Download the slim set for CPython 3.12 (the GPU image's; another
+    version for a dry run elsewhere) on x86-64, then drop what the image has."""
     folder.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:",
-            "--python-version", "3.12", "--implementation", "cp", "-d", str(folder)]
+            "--python-version", python, "--implementation", "cp", "-d", str(folder)]
     for platform in PLATFORMS:
         argv += ["--platform", platform]
     subprocess.run(argv + WHEELS, check=True)
@@ -151,10 +171,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class OutOfTime(TimeoutError):
+    """The run's own time limit came before what it waited for."""
+
+
 class Run:
-    def __init__(self, args):
+    def __init__(self, args, standbys: str = "on", suffix: str = ""):
         self.args = args
-        self.state = Path(args.state or tempfile.mkdtemp(prefix="regatta-gpu-"))
+        self.standbys, self.suffix = standbys, suffix
+        self.state = (Path(args.state) / (suffix.strip("-") or "run") if args.state
+                      else Path(tempfile.mkdtemp(prefix="regatta-gpu-")))
+        self.state.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.env = {k: v for k, v in os.environ.items()
                     if k not in ("DATABASE_URL", "REDIS_URL", "CI")}
@@ -164,9 +191,26 @@ class Run:
                         PYTHONUNBUFFERED="1")
         self.env.pop("REGATTA_PUBLIC_URL", None)  # the ranks report where the web is bound
         self.t0 = time.monotonic()
+        self.deadline = self.t0 + args.limit_s if args.limit_s else None
         self.checks: list[tuple[str, bool, str]] = []
-        self.figures: dict[str, object] = {}
+        self.figures: dict[str, object] = {"standbys": standbys}
         self.up: subprocess.Popen | None = None
+        self.api: Api | None = None
+        self.job_id: int | None = None
+        self.dumped = ""
+
+    def wait(self, what: str, probe, timeout: float, every: float = 1.0):
+        """`wait_for`, bounded by the run's own limit less the time the dump
+        and the stop need."""
+        if self.deadline is not None:
+            left = self.deadline - RESERVE_S - time.monotonic()
+            if left < timeout:
+                try:
+                    return wait_for(what, probe, max(0.0, left), every)
+                except TimeoutError:
+                    raise OutOfTime(f"{what}: the run's limit of {self.args.limit_s:.0f} s "
+                                    f"came first") from None
+        return wait_for(what, probe, timeout, every)
 
     def elapsed(self) -> float:
         return round(time.monotonic() - self.t0, 1)
@@ -185,15 +229,16 @@ class Run:
 
     def start(self) -> Api:
         self.manage("migrate", "--noinput")
-        demo = self.manage("regatta_demo", "--no-job", "--nodes", "1", "--spares", "1",
-                           "--devices", self.args.devices)
+        demo = self.manage("regatta_demo", "--no-job", "--nodes", str(self.args.nodes),
+                           "--spares", "1", "--devices", self.args.devices)
         token = re.search(r"(rgt_\S+)", demo).group(1)
+        self.configure()
         log = open(self.state / "regatta_up.log", "wb")
         self.up = subprocess.Popen([sys.executable, "manage.py", "regatta_up", "--bind",
                                     f"127.0.0.1:{self.port}"], cwd=ROOT,
                                    env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                    start_new_session=True)
-        api = Api(f"http://127.0.0.1:{self.port}/api/v1/", token)
+        api = self.api = Api(f"http://127.0.0.1:{self.port}/api/v1/", token)
 
         def web_up():
             if self.up.poll() is not None:
@@ -202,9 +247,25 @@ class Run:
                 return api.call("GET", "me/")[0] == 200
             except OSError:
                 return False
-        wait_for("the web answers", web_up, 120, every=0.5)
+        self.wait("the web answers", web_up, 120, every=0.5)
         self.figures["web_up_s"] = self.elapsed()
         return api
+
+    def configure(self) -> None:
+        """The demo pool's standbys (a pool setting), and any cluster settings
+        asked for, saved as an operator's edit is: checked, then stored."""
+        asked = self.args.cluster_settings
+        code = (
+            "import json\n"
+            "from clusters.models import Cluster\n"
+            "cluster = Cluster.objects.get(name='local')\n"
+            f"cluster.settings = {{**cluster.settings, **json.loads({asked!r})}}\n"
+            "cluster.full_clean(); cluster.save()\n"
+            "for pool in cluster.pools.all():\n"
+            f"    pool.settings = {{**pool.settings, 'standbys': {self.standbys == 'on'}}}\n"
+            "    pool.full_clean(); pool.save()\n"
+        )
+        self.manage("shell", "-c", code)
 
     def flow(self, api: Api) -> None:
         a = self.args
@@ -214,15 +275,16 @@ class Run:
             hyper["compile"] = a.compile
         job = api.post("jobs/", {
             "name": "gpu-product", "cluster": "local", "num_nodes": 1, "gpus_per_node": 1,
-            "hyperparameters": hyper, "checkpoint_every_steps": a.checkpoint_every})
-        jid = job["id"]
+            "hyperparameters": hyper, "checkpoint_every_steps": a.checkpoint_every,
+            **json.loads(a.job)})
+        jid = self.job_id = job["id"]
         submitted = time.monotonic()
 
         def loss_points():
             return api.get(f"jobs/{jid}/metrics/?name=loss&points=5000")["points"]
-        first = wait_for("a first loss point", loss_points, a.start_timeout)
+        first = self.wait("a first loss point", loss_points, a.start_timeout)
         self.figures["first_metric_s"] = round(time.monotonic() - submitted, 1)
-        later = wait_for("more loss points", lambda: (p := loss_points())[-1][0] > first[-1][0]
+        later = self.wait("more loss points", lambda: (p := loss_points())[-1][0] > first[-1][0]
                          and p, 60, every=0.5)
         self.check("live metrics", later[-1][0] > first[-1][0],
                    f"loss at step {first[-1][0]}, then at step {later[-1][0]} while running")
@@ -230,7 +292,7 @@ class Run:
         def committed():
             rows = results(api.get(f"jobs/{jid}/checkpoints/"))
             return [c for c in rows if c["state"] in ("committed", "verified")]
-        ckpts = wait_for("a committed checkpoint", committed, a.start_timeout)
+        ckpts = self.wait("a committed checkpoint", committed, a.start_timeout)
         self.check("checkpoints", True, f"step {ckpts[0]['step']} {ckpts[0]['state']}")
 
         attempt = max(results(api.get(f"jobs/{jid}/attempts/")), key=lambda r: r["number"])
@@ -243,7 +305,7 @@ class Run:
             rows = results(api.get(f"jobs/{jid}/attempts/"))
             latest = max(rows, key=lambda r: r["number"])
             return latest if latest["number"] >= 2 and latest["state"] == "running" else None
-        second = wait_for("attempt 2 running", resumed, a.recover_timeout)
+        second = self.wait("attempt 2 running", resumed, a.recover_timeout)
         self.figures["kill_to_running_s"] = round(time.monotonic() - killed, 1)
         kinds = [e["kind"] for e in results(api.get(f"jobs/{jid}/events/"))]
         replaced = api.get(f"nodes/{node['id']}/")
@@ -261,14 +323,14 @@ class Run:
         def ended():
             j = api.get(f"jobs/{jid}/")
             return j if j["phase"] in ("succeeded", "failed", "cancelled") else None
-        final = wait_for("the job's end", ended, a.end_timeout, every=2)
+        final = self.wait("the job's end", ended, a.end_timeout, every=2)
         self.figures["submit_to_end_s"] = round(time.monotonic() - submitted, 1)
         self.figures["final_step"] = final["current_step"]
         why = "" if final["phase"] == "succeeded" else f": {final.get('last_error')}"
         self.check("succeeded", final["phase"] == "succeeded",
                    f"{final['phase']} at step {final['current_step']}{why}")
 
-        artifacts = wait_for("the exported model", lambda: results(
+        artifacts = self.wait("the exported model", lambda: results(
             api.get(f"artifacts/?job={jid}")), 60)
         files = api.get(f"artifacts/{artifacts[0]['id']}/files/")
         bad = [f["path"] for f in files["files"]
@@ -315,29 +377,54 @@ class Run:
                    f"SIGINT: exit {self.up.returncode} in {time.monotonic() - stopped:.1f} s"
                    f"{'; left running: ' + left if left else ', nothing left running'}")
 
+    def explain(self, why: str) -> None:
+        """Where everything stood, written while the control plane still runs
+        (bench/product_dump.py); its head goes to stdout, all of it to the
+        .txt."""
+        self.dumped = product_dump.dump(self.api, self.job_id, self.state, why)
+        head = self.dumped if len(self.dumped) < 12000 else (
+            self.dumped[:6000] + "\n[... the whole dump is in the .txt ...]\n"
+            + self.dumped[-6000:])
+        print(f"\n===== where the run stood ({self.suffix.strip('-') or 'run'}) =====\n{head}",
+              flush=True)
+
+    def table(self) -> str:
+        ok = self.ok()
+        lines = [f"{'check':16} result  detail"]
+        lines += [f"{name:16} {'pass' if passed else 'FAIL':6}  {detail}"
+                  for name, passed, detail in self.checks]
+        lines.append("figures: " + ", ".join(f"{k} {v}" for k, v in self.figures.items()))
+        lines.append(f"whole product on one {'GPU' if not self.args.allow_cpu else 'machine'}"
+                     f" (standbys {self.standbys}): {'PASS' if ok else 'FAIL'} in "
+                     f"{self.elapsed()} s")
+        return "\n".join(lines)
+
+    def ok(self) -> bool:
+        return all(passed for _, passed, _ in self.checks) and len(self.checks) >= 8
+
     def report(self) -> int:
-        ok = all(passed for _, passed, _ in self.checks) and len(self.checks) >= 8
-        print(f"\n{'check':16} result  detail")
-        for name, passed, detail in self.checks:
-            print(f"{name:16} {'pass' if passed else 'FAIL':6}  {detail}")
-        print("figures: " + ", ".join(f"{k} {v}" for k, v in self.figures.items()))
-        print(f"whole product on one {'GPU' if not self.args.allow_cpu else 'machine'}: "
-              f"{'PASS' if ok else 'FAIL'} in {self.elapsed()} s")
+        table = self.table()
+        print("\n" + table, flush=True)
         if self.args.out:
             out = Path(self.args.out)
             out.mkdir(parents=True, exist_ok=True)
-            (out / "gpu_product.json").write_text(json.dumps(
-                {"ok": ok, "checks": self.checks, "figures": self.figures}, indent=1))
+            name = f"gpu_product{self.suffix}"
+            (out / f"{name}.json").write_text(json.dumps(
+                {"ok": self.ok(), "checks": self.checks, "figures": self.figures}, indent=1))
             # Few files: the device tool brings back at most eight in all.
-            with open(out / "gpu_product_ranks.txt", "wb") as ranks:
+            with open(out / f"{name}.txt", "wb") as txt:
+                txt.write(table.encode() + b"\n\n")
+                if self.dumped:
+                    txt.write(self.dumped.encode(errors="replace") + b"\n")
                 for log in sorted((self.state / "fleet").glob(
                         "local/attempts/*/node-*/stdout.log")):
-                    ranks.write(f"==> {log.relative_to(self.state)}\n".encode())
-                    ranks.write(log.read_bytes()[-2**19:])
-            up = self.state / "regatta_up.log"
-            if up.exists():
-                (out / "gpu_product_up.txt").write_bytes(up.read_bytes()[-2**20:])
-        return 0 if ok else 1
+                    txt.write(f"\n==> {log.relative_to(self.state)}\n".encode())
+                    txt.write(log.read_bytes()[-2**18:])
+                for log in (self.state / "regatta_up.log", self.state / "logs" / "regatta.log"):
+                    if log.exists():
+                        txt.write(f"\n==> {log.relative_to(self.state)}\n".encode())
+                        txt.write(log.read_bytes()[-2**19:])
+        return 0 if self.ok() else 1
 
 
 def environment(allow_cpu: bool) -> dict:
@@ -354,7 +441,7 @@ def environment(allow_cpu: bool) -> dict:
 
 def main() -> int:
     if sys.argv[1:2] == ["wheels"]:
-        fetch_wheels(Path(sys.argv[2] if len(sys.argv) > 2 else ".whl"))
+        fetch_wheels(Path(sys.argv[2] if len(sys.argv) > 2 else ".whl"), *sys.argv[3:4])
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", help="folder for the JSON figures and the logs")
@@ -372,22 +459,53 @@ def main() -> int:
     p.add_argument("--allow-cpu", action="store_true")
     p.add_argument("--devices", choices=("cpu", "cuda"),
                    help="the local pool's devices (default: cuda where CUDA is, else cpu)")
+    p.add_argument("--standbys", choices=("on", "off", "both"), default="on",
+                   help="the pool's warm standbys; both: a run with, then one without")
+    p.add_argument("--limit-s", type=float, default=None,
+                   help="seconds one run may take in all; it explains itself and stops "
+                        f"{RESERVE_S:.0f} s before")
+    p.add_argument("--job", default="{}", help="JSON merged into the job's spec")
+    p.add_argument("--nodes", type=int, default=1, help="working nodes in the pool (and a spare)")
+    p.add_argument("--cluster-settings", default="{}",
+                   help="JSON merged into the local cluster's settings")
     args = p.parse_args()
     info = environment(args.allow_cpu)
     args.devices = args.devices or ("cuda" if info["cuda"] else "cpu")
     print("environment: " + ", ".join(f"{k} {v}" for k, v in info.items()), flush=True)
-    run = Run(args)
+    modes = [("on", "-warm"), ("off", "-cold")] if args.standbys == "both" else [
+        (args.standbys, "")]
+    codes = [one(args, info, standbys, suffix) for standbys, suffix in modes]
+    return max(codes)
+
+
+def one(args, info: dict, standbys: str, suffix: str) -> int:
+    run = Run(args, standbys, suffix)
     run.figures.update(info)
+    print(f"--- the whole product, standbys {standbys}, state {run.state}", flush=True)
     try:
         run.flow(run.start())
     except (Exception, KeyboardInterrupt) as exc:  # the table still prints what passed
         run.check("flow", False, f"{type(exc).__name__}: {exc}")
+        # Said before the control plane stops: where the job, its nodes and
+        # ranks stood. A second SIGINT must not cut the dump short.
+        with _sigint_ignored():
+            run.explain(f"{type(exc).__name__}: {exc}")
     finally:
-        run.stop()
+        with _sigint_ignored():
+            run.stop()
     code = run.report()
     if not args.state:
         shutil.rmtree(run.state, ignore_errors=True)
     return code
+
+
+@contextlib.contextmanager
+def _sigint_ignored():
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 if __name__ == "__main__":
