@@ -11,6 +11,7 @@ and the fleet page (clusters/providers/local/worker_env.py)."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shlex
@@ -29,7 +30,7 @@ from django.db import DatabaseError, close_old_connections
 
 from clusters.models import Cluster
 from clusters.providers import get_provider
-from clusters.providers.local import worker_env
+from clusters.providers.local import standby, worker_env
 from controlplane.embedded import start_redis
 from controlplane.env import parse_host_port
 from jobs.models import JobAttempt, JobEvent
@@ -45,6 +46,7 @@ ALARM = re.compile(r"\b(WARNING|ERROR|CRITICAL)\b|^Traceback \(most recent call 
 CLIENT_ERROR = re.compile(r"\bWARNING django\.request\b")
 UP_TIMEOUT_S = 120.0
 WARM_EVERY_S = 5.0
+WARM_AT_ONCE = 2
 
 
 class Command(BaseCommand):
@@ -201,7 +203,10 @@ class Command(BaseCommand):
 
     def _warm_fleet(self) -> None:
         """Warm standbys on every idle node of the local fleet, so the first
-        job launches into processes that have imported torch already."""
+        job launches into processes that have imported torch already. A few
+        at a time, in the order a gang takes nodes: five torch imports at
+        once on two cores would delay the first two, and a job launched
+        meanwhile would compete with all five."""
         from clusters.providers import pool_info
         from jobs.admission import busy_node_ids
 
@@ -212,10 +217,13 @@ class Command(BaseCommand):
                     continue
                 busy = busy_node_ids(cluster.id)
                 for pool in cluster.pools.all():
-                    idle = [n.name for n in pool.nodes.filter(state="ready")
+                    idle = [n.name for n in pool.nodes.filter(state="ready").order_by("name")
                             if n.id not in busy]
-                    if idle:
-                        provider.hold_spares(pool_info(pool), idle)
+                    # A starting standby is left alone by `ensure`, so the
+                    # first WARM_AT_ONCE not ready yet are those starting.
+                    cold = [n for n in idle if _standby_state(provider.root, n) != "ready"]
+                    if cold:
+                        provider.hold_spares(pool_info(pool), cold[:WARM_AT_ONCE])
         except Exception as exc:  # noqa: BLE001 - cold launches still work
             self._alarm(f"could not start the fleet's warm standbys: {exc}")
         finally:
@@ -342,6 +350,15 @@ class Command(BaseCommand):
         for _, proc in self.procs:
             _signal_group(proc, signal.SIGKILL)  # stragglers of a group leader gone first
         self._say("stopped.")
+
+
+def _standby_state(fleet: Path, node: str) -> str:
+    """A node's standby as its own record says: "starting", "ready", or ""."""
+    try:
+        return json.loads((standby.standby_dir(fleet, node) / standby.INFO).read_text()).get(
+            "state", "")
+    except (OSError, ValueError):
+        return ""
 
 
 def _newest_event() -> int:
