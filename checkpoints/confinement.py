@@ -12,14 +12,17 @@ retention delete another team's checkpoints.
 Paths are canonicalised before they are compared (`..` resolved, `//`
 collapsed) and a path that passes through a symlink below the root is
 refused, since the link could point anywhere. S3 keys are literal, so a `.`
-or `..` segment in one is refused rather than resolved. The symlink check
-looks at the filesystem when the job is submitted, and again each time the
-control plane opens the storage (`require_real_path`: downloads, resume,
-retention), since a link made later by someone who can write inside the
-team's folder would point the job at another team's checkpoints. Known
-limit: a link swapped in between that check and a file operation a moment
-later is not seen; downloads open each file with O_NOFOLLOW below the folder
-(checkpoints/downloads.py, `open_confined`).
+or `..` segment in one is refused rather than resolved.
+
+Whoever runs a job can write in its folder, so a link can appear there at
+any level at any time (a step folder linked to another team's step). The
+symlink check looks at every component below the root when the job is
+submitted, when a worker reports a checkpoint or a profile trace
+(`link_below_root`: a 400), when a person restarts from a step, and each
+time the control plane opens the storage (`require_real_path`: downloads,
+resume, retention). Past that check every read goes through
+`storage_base`'s root with no link followed (ConfinedLocalStorage,
+checkpoints/beneath.py), so a link swapped in a moment later is refused too.
 """
 
 from __future__ import annotations
@@ -130,6 +133,47 @@ def require_real_path(uri: str) -> None:
                 raise OutsideRoots(f"{canonical} passes through a symbolic link made below "
                                    f"{root} after the job was submitted; it is not used.")
             return
+
+
+def _local_path(uri: str) -> str | None:
+    if uri.startswith("s3://"):
+        return None
+    try:
+        return parse_storage_root(uri)
+    except ValueError:
+        return None
+
+
+def _root_of(path: str) -> str | None:
+    return next((root for root in deployment_roots() if _within(path, root, strict=True)), None)
+
+
+def storage_base(uri: str) -> str | None:
+    """The folder below which no link in `uri`'s storage is followed: the
+    deployment root it lies under, or the storage folder itself when it lies
+    under none (a job stored before the roots existed). None for S3."""
+    path = _local_path(uri)
+    if path is None:
+        return None
+    return _root_of(path) or path
+
+
+def link_below_root(uri: str) -> str | None:
+    """The first component of `uri` (a path or file:// URI) below its
+    deployment root that is a symbolic link, or None when there is none
+    (or the path lies under no root, or on S3)."""
+    path = _local_path(uri)
+    root = _root_of(path) if path is not None else None
+    if root is None:
+        return None
+    current = root
+    for part in PurePosixPath(posixpath.relpath(path, root)).parts:
+        current = posixpath.join(current, part)
+        if os.path.islink(current):
+            return current
+        if not os.path.exists(current):
+            return None
+    return None
 
 
 def reported_step_uri_ok(storage_uri: str, step: int, uri: str) -> bool:

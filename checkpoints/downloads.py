@@ -10,9 +10,11 @@ Two places hold them:
 A requested path is a relative path as the listing spells it, never trusted
 as a filesystem path: an empty, absolute, `.` or `..` segment, a backslash or
 a NUL is refused before anything is opened (`clean_relpath`), only a path the
-listing names is opened, and on local disk the file's real path (symbolic
-links followed) must still lie inside the folder and be a regular file.
-Everything refused reads as "not found" to the caller.
+listing names is opened, and on local disk every component below the trusted
+folder (the registry, the storage root) is opened without following a link
+(checkpoints/beneath.py) and the file must be a regular one. Everything
+refused reads as "not found" to the caller; a step folder that is a link
+reads as LinkRefused, which the views answer with 409.
 
 Nothing here knows people or teams: the views decide who may ask.
 """
@@ -20,7 +22,6 @@ Nothing here knows people or teams: the views decide who may ask.
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,10 @@ from django.conf import settings
 from regatta import manifest as mf
 from regatta.storage import LocalStorage, S3Storage, step_name
 
+from . import beneath
+from .beneath import LinkRefused
 from .export import MODEL_FILE
+from .storage import ConfinedLocalStorage
 
 CHUNK = 1 << 20
 
@@ -67,26 +71,17 @@ def clean_relpath(path: str) -> str | None:
     return path
 
 
-def open_confined(folder: Path, relpath: str) -> tuple[IO[bytes], int]:
-    """Open `folder/relpath` for reading only if its real path lies inside
-    the folder's real path and it is a regular file; NotThere otherwise."""
+def open_confined(base: str, relpath: str) -> tuple[IO[bytes], int]:
+    """Open `base/relpath` for reading, no component below `base` a link,
+    if it is a regular file; NotThere otherwise."""
     rel = clean_relpath(relpath)
     if rel is None:
         raise NotThere(relpath)
-    base = os.path.realpath(folder)
-    real = os.path.realpath(os.path.join(base, rel))
-    if os.path.commonpath([base, real]) != base or real == base:
-        raise NotThere(relpath)
     try:
-        # O_NOFOLLOW: a link swapped in after the check is refused, not followed.
-        fd = os.open(real, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
+        fd = beneath.open_file(base, rel)
+    except (OSError, LinkRefused):
         raise NotThere(relpath) from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        raise NotThere(relpath)
-    return os.fdopen(fd, "rb"), info.st_size
+    return os.fdopen(fd, "rb"), os.fstat(fd).st_size
 
 
 # -- artifacts ------------------------------------------------------------
@@ -102,11 +97,14 @@ def artifact_folder(artifact) -> Path | None:
         uri = uri[len("file://"):]
     if not uri.startswith("/"):
         return None
-    path = Path(uri)
+    path = Path(os.path.normpath(uri))
     folder = path.parent if artifact.format == "torch" and path.name == MODEL_FILE else path
-    root = os.path.realpath(settings.ARTIFACT_ROOT)
-    real = os.path.realpath(folder)
-    if os.path.commonpath([root, real]) != root or real == root:
+    root = Path(settings.ARTIFACT_ROOT).absolute()
+    if folder == root or not folder.is_relative_to(root):
+        return None
+    # Its real path too, so no link below the registry leads elsewhere.
+    if os.path.realpath(folder) != os.path.join(os.path.realpath(root),
+                                                str(folder.relative_to(root))):
         return None
     return folder
 
@@ -136,7 +134,9 @@ def open_artifact_file(artifact, relpath: str) -> OpenedFile:
     folder = artifact_folder(artifact)
     if clean_relpath(relpath) is None or relpath not in listed or folder is None:
         raise NotThere(relpath)
-    stream, size = open_confined(folder, relpath)
+    root = Path(settings.ARTIFACT_ROOT).absolute()
+    stream, size = open_confined(os.path.realpath(root),
+                                 f"{folder.relative_to(root).as_posix()}/{relpath}")
     return OpenedFile(stream, size, listed[relpath].sha256)
 
 
@@ -175,8 +175,14 @@ def open_storage_file(storage, key: str, sha256: str = "") -> OpenedFile:
     as it arrives. The caller decides which keys may be asked for."""
     if clean_relpath(key) is None:
         raise NotThere(key)
+    if isinstance(storage, ConfinedLocalStorage):
+        try:
+            stream, size = storage.open_stream(key)
+        except (OSError, LinkRefused):
+            raise NotThere(key) from None
+        return OpenedFile(stream, size, sha256)
     if isinstance(storage, LocalStorage):
-        stream, size = open_confined(storage.root, key)
+        stream, size = open_confined(os.path.realpath(storage.root), key)
         return OpenedFile(stream, size, sha256)
     if isinstance(storage, S3Storage):
         full = f"{storage.prefix}/{key}" if storage.prefix else key

@@ -14,12 +14,20 @@ options and the steps to protect (jobs/checkpointing/).
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
+import stat
 from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
 
-from regatta.storage import open_storage
+from regatta.storage import STEP_RE, LocalStorage, open_storage, step_name
 
 from controlplane.lib.errors import PermanentError, TemporaryError
 
+from . import beneath
+from .beneath import LinkRefused
 from .models import Checkpoint
 
 MIB = 1 << 20
@@ -50,11 +58,145 @@ def s3_client(options: S3Options | None = None):
     return boto3.client("s3", **kwargs)
 
 
-def open_uri(uri: str, s3: S3Options | None = None):
-    """A `regatta.storage.Storage` for a path, file:// or s3:// URI."""
+class ConfinedLocalStorage(LocalStorage):
+    """A job's folder on a filesystem, read as the control plane must read
+    a folder its job's code can write in: no symbolic link below `base`
+    (the deployment root the folder lies under) is ever followed, in the
+    job's folder, a step folder, or a file (checkpoints/beneath.py). A link
+    reads as LinkRefused where a file is asked for, is left out of listings
+    (a step folder that is a link is no step; a linked shard is missing), and
+    retention deletes the link itself, never what it points at."""
+
+    def __init__(self, root: str | Path, base: str | Path):
+        super().__init__(root)
+        self.base = os.path.realpath(base)
+        below = os.path.relpath(self.root, Path(base).absolute())
+        self.below = "" if below == "." else below
+
+    def _rel(self, key: str) -> str:
+        return f"{self.below}/{key}" if self.below else key
+
+    def _path(self, key: str) -> Path:
+        # The inherited writers go through here: the same rule, checked by
+        # resolving the path (they are the trainer's, not the control plane's).
+        path = self.root / key
+        expected = os.path.join(self.base, self._rel(key))
+        if os.path.realpath(path) != os.path.normpath(expected):
+            raise LinkRefused(f"{path} passes through a symbolic link; it is not followed")
+        return path
+
+    def open_stream(self, key: str) -> tuple[IO[bytes], int]:
+        fd = beneath.open_file(self.base, self._rel(key))
+        return os.fdopen(fd, "rb"), os.fstat(fd).st_size
+
+    def read_bytes(self, key: str) -> bytes:
+        stream, _ = self.open_stream(key)
+        with stream:
+            return stream.read()
+
+    def size(self, key: str) -> int | None:
+        try:
+            stream, size = self.open_stream(key)
+        except FileNotFoundError:
+            return None
+        stream.close()
+        return size
+
+    def sha256(self, key: str) -> str:
+        stream, _ = self.open_stream(key)
+        with stream:
+            return hashlib.file_digest(stream, "sha256").hexdigest()
+
+    def is_committed(self, step: int) -> bool:
+        try:
+            return super().is_committed(step)
+        except LinkRefused:  # a linked marker commits nothing
+            return False
+
+    def _folder(self, key: str = "") -> int | None:
+        try:
+            return beneath.open_dir(self.base, self._rel(key) if key else self.below)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def list_steps(self) -> list[int]:
+        fd = self._folder()
+        if fd is None:
+            return []
+        try:
+            found = (STEP_RE.match(e.name) for e in beneath.entries(fd)
+                     if e.is_dir(follow_symlinks=False))
+            return sorted(int(m.group(1)) for m in found if m)
+        finally:
+            os.close(fd)
+
+    def list_files(self, step: int) -> list[str]:
+        fd = self._folder(step_name(step))
+        if fd is None:
+            return []
+        try:
+            return sorted(beneath.walk_files(fd))
+        finally:
+            os.close(fd)
+
+    def list_keys(self, prefix: str) -> list[str]:
+        fd = self._folder(prefix.rstrip("/"))
+        if fd is None:
+            return []
+        try:
+            # Dot files are writes in progress (write_bytes renames them into place).
+            return sorted(f"{prefix.rstrip('/')}/{rel}" for rel in beneath.walk_files(fd)
+                          if not rel.rsplit("/", 1)[-1].startswith("."))
+        finally:
+            os.close(fd)
+
+    def delete_step(self, step: int) -> None:
+        fd = self._folder()
+        if fd is None:
+            return
+        name = step_name(step)
+        try:
+            mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
+            if stat.S_ISDIR(mode):
+                # With dir_fd, rmtree works through descriptors and unlinks
+                # the links it meets instead of following them.
+                shutil.rmtree(name, dir_fd=fd, ignore_errors=True)
+            else:  # a link (or a stray file) in the step's place: only it goes
+                os.unlink(name, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(fd)
+
+    def delete(self, key: str) -> None:
+        folder, _, name = key.rpartition("/")
+        fd = self._folder(folder)
+        if fd is None:
+            return
+        try:
+            os.unlink(name, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(fd)
+
+    def download_file(self, key: str, local: str | Path) -> None:
+        stream, _ = self.open_stream(key)
+        Path(local).parent.mkdir(parents=True, exist_ok=True)
+        with stream, open(local, "wb") as out:
+            shutil.copyfileobj(stream, out)
+
+
+def open_uri(uri: str, s3: S3Options | None = None, confined_to: str | None = None):
+    """A `regatta.storage.Storage` for a path, file:// or s3:// URI. A
+    filesystem path with `confined_to` (a folder at or above it) is read
+    without following any link below that folder (ConfinedLocalStorage)."""
     try:
         if not uri.startswith("s3://"):
-            return open_storage(uri)
+            storage = open_storage(uri)
+            if confined_to is not None and isinstance(storage, LocalStorage):
+                return ConfinedLocalStorage(storage.root, confined_to)
+            return storage
         s3 = s3 or S3Options()
         return open_storage(uri, client=s3_client(s3),
                             multipart_threshold=int(s3.multipart_threshold_mb * MIB))
@@ -93,6 +235,8 @@ def verify_checkpoint(checkpoint: Checkpoint, storage) -> tuple[bool, str]:
                 return False, (f"step-{checkpoint.step}: manifest checksum {found} differs "
                                f"from the reported {checkpoint.manifest_sha256}")
         return ok, reason
+    except LinkRefused as exc:  # not this job's files, whatever they hold
+        return False, f"step-{checkpoint.step}: {exc}"
     except Exception as exc:
         mapped = _classified(f"verify step {checkpoint.step}", exc)
         if mapped is exc:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from django.utils import timezone
 
+from .beneath import LinkRefused
 from .models import Checkpoint
 from .storage import verify_checkpoint
 
@@ -45,14 +46,18 @@ def register_from_storage(job, storage, now=None) -> list[Checkpoint]:
     for step in storage.committed_steps():
         if step in known:
             continue
-        manifest = storage.read_manifest(step) or {}
+        try:
+            manifest = storage.read_manifest(step) or {}
+            manifest_sha256 = storage.manifest_sha256(step) or ""
+        except LinkRefused:  # a linked manifest is some other folder's
+            continue
         files = manifest.get("files", {})
         row, created = Checkpoint.objects.get_or_create(
             job=job, step=step,
             defaults={
                 "uri": storage.step_uri(step),
                 "bytes": sum(int(f.get("bytes", 0)) for f in files.values()),
-                "manifest_sha256": storage.manifest_sha256(step) or "",
+                "manifest_sha256": manifest_sha256,
                 "state": Checkpoint.State.COMMITTED,
                 "state_reason": "found in storage",
                 "created_at": now,

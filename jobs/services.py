@@ -7,12 +7,13 @@ from __future__ import annotations
 from django.db import transaction
 
 from accounts.permissions import actor_for, is_operator
-from checkpoints.confinement import default_storage_uri
+from checkpoints.confinement import default_storage_uri, link_below_root
 from checkpoints.models import Checkpoint
 from controlplane.lib.errors import NotAllowed, Refused
 from controlplane.lib.tasks import RECONCILE_JOB
 from jobs import admission
 
+from .checkpointing import job_checkpoint_uri
 from .models import JobAttempt, TrainingJob
 
 
@@ -101,10 +102,24 @@ def check_may_restart(job: TrainingJob, user) -> None:
                       "verified checkpoint to resume from; submit it again instead.")
 
 
+def check_restart_step(job: TrainingJob, step: int) -> None:
+    """A restart needs a committed or verified checkpoint at `step`, in the
+    job's own folder: a step folder that is a symbolic link is some other
+    folder's (checkpoints/confinement.py)."""
+    if not Checkpoint.objects.filter(job=job, step=step,
+                                     state__in=Checkpoint.LOADABLE).exists():
+        raise Refused(f"Job {job.pk} has no committed or verified checkpoint at step {step}.")
+    link = link_below_root(f"{job_checkpoint_uri(job).rstrip('/')}/step-{step}")
+    if link:
+        raise Refused(f"{link} is a symbolic link: step {step} is not this job's to restart "
+                      "from.")
+
+
 def restart(job: TrainingJob, from_step: int, user) -> str:
-    """Restart a live job's gang from a validated step, or run an ended one
-    again from it; says which ("restart" or "rerun")."""
+    """Restart a live job's gang from a step it has a checkpoint at, or run
+    an ended one again from it; says which ("restart" or "rerun")."""
     check_may_restart(job, user)
+    check_restart_step(job, from_step)
     if job.is_terminal:
         rerun_job(job, from_step, user)
         return "rerun"

@@ -14,7 +14,6 @@ from rest_framework.fields import empty
 
 from accounts.permissions import acts_for_team
 from checkpoints import confinement
-from checkpoints.models import Checkpoint
 from clusters.models import Cluster, NodePool
 from controlplane.lib.validation import (
     StrictBooleanField,
@@ -365,18 +364,10 @@ def _storage(attrs) -> dict:
 
 
 class RestartValidator(StrictSerializer):
-    from_step = StrictIntegerField(min_value=0)
+    """The step's shape only: whether the job has a checkpoint there to
+    restart from is its state, not the request's (services.restart: 409)."""
 
-    def validate_from_step(self, value):
-        job = self.context["job"]
-        ok = Checkpoint.objects.filter(
-            job=job, step=value, state__in=Checkpoint.LOADABLE
-        ).exists()
-        if not ok:
-            raise serializers.ValidationError(
-                f"Job {job.pk} has no committed or verified checkpoint at step {value}."
-            )
-        return value
+    from_step = StrictIntegerField(min_value=0)
 
 
 class QuotaValidator(StrictSerializer):

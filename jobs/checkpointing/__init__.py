@@ -37,13 +37,14 @@ def s3_options(cluster) -> S3Options:
 def open_job_storage(job):
     """The job's storage, once its folder is checked to be still where its
     name says (a link planted since submission could lead to another team's
-    checkpoints: checkpoints/confinement.py)."""
+    checkpoints: checkpoints/confinement.py); every read then follows no
+    link below the storage root (a step folder or a file linked later)."""
     uri = job_checkpoint_uri(job)
     try:
         confinement.require_real_path(uri)
     except confinement.OutsideRoots as exc:
         raise PermanentError(str(exc)) from None
-    return open_uri(uri, s3_options(job.cluster))
+    return open_uri(uri, s3_options(job.cluster), confined_to=confinement.storage_base(uri))
 
 
 def newest_verified(job, now, at_most: int | None = None, storage=None) -> Checkpoint | None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from django.db import IntegrityError, transaction
 from regatta.storage import profile_key
 
-from checkpoints.confinement import reported_key_uri_ok
+from checkpoints.confinement import link_below_root, reported_key_uri_ok
 from jobs.checkpointing import job_checkpoint_uri
 from jobs.models import JobAttempt
 from jobs.profiling.models import ProfileTrace
@@ -47,8 +47,12 @@ def report_errors(attempt: JobAttempt, report: TraceReport) -> dict[str, list[st
         errors["rank"] = [f"Must be below the gang's {attempt.job.world_size} ranks."]
     key = profile_key(report.start_step, report.request_id, report.rank)
     storage_uri = job_checkpoint_uri(attempt.job)
+    path = f"{storage_uri.rstrip('/')}/{key}"
     if not reported_key_uri_ok(storage_uri, key, report.uri):
-        errors["uri"] = [f"Must be this job's trace file: {storage_uri.rstrip('/')}/{key}"]
+        errors["uri"] = [f"Must be this job's trace file: {path}"]
+    elif link := link_below_root(path):
+        errors["uri"] = [f"{link} is a symbolic link: a trace is reported from its own real "
+                         "file."]
     return errors
 
 

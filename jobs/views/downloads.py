@@ -19,6 +19,7 @@ from rest_framework.views import APIView
 
 from accounts.permissions import IsPerson
 from checkpoints import downloads
+from checkpoints.beneath import LinkRefused
 from checkpoints.models import Checkpoint, ModelArtifact
 
 from ..checkpointing import open_job_storage
@@ -38,6 +39,12 @@ FILE_RESPONSES = {
     (200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY,
                                                        description="the file's bytes"),
     404: OpenApiResponse(description="no such file, or not yours"),
+}
+CHECKPOINT_REFUSALS = {
+    409: OpenApiResponse(description="The checkpoint is not committed or verified (being "
+                                     "written, corrupt, deleted), or its folder is a "
+                                     "symbolic link."),
+    503: OpenApiResponse(description="Its storage cannot be reached or opened now."),
 }
 
 
@@ -110,7 +117,8 @@ class CheckpointFilesView(DownloadView):
     """The files of a committed or verified checkpoint: the manifest's
     files (with their sha256), the manifest and the commit marker."""
 
-    @extend_schema(operation_id="checkpoint_files_list", responses=FileListing)
+    @extend_schema(operation_id="checkpoint_files_list",
+                   responses={200: FileListing, **CHECKPOINT_REFUSALS})
     def get(self, request, pk):
         checkpoint = _loadable_checkpoint(request.user, pk)
         storage = _storage(checkpoint)
@@ -125,7 +133,8 @@ class CheckpointFileView(DownloadView):
     """One file of a committed or verified checkpoint, streamed from local
     storage or from S3 as the object's body arrives."""
 
-    @extend_schema(operation_id="checkpoint_file_download", responses=FILE_RESPONSES)
+    @extend_schema(operation_id="checkpoint_file_download",
+                   responses={**FILE_RESPONSES, **CHECKPOINT_REFUSALS})
     def get(self, request, pk, path):
         checkpoint = _loadable_checkpoint(request.user, pk)
         storage = _storage(checkpoint)
@@ -168,6 +177,8 @@ def _storage_call(fn, *args):
         return fn(*args)
     except downloads.NotThere:
         raise
+    except LinkRefused as exc:
+        raise StateConflict(f"{exc}: the checkpoint's files are not served.") from None
     except FileNotFoundError:
         raise downloads.NotThere(str(args[-1])) from None
     except OSError as exc:

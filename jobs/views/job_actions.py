@@ -41,7 +41,14 @@ class JobRestartView(JobScopedMixin, APIView):
 
     @extend_schema(request=RestartValidator,
                    responses={200: JobSerializer, 400: OpenApiResponse(),
-                              403: OpenApiResponse(), 409: OpenApiResponse()})
+                              403: OpenApiResponse(description="An ended job is rerun only at "
+                                                               "its owner's or an operator's "
+                                                               "word."),
+                              409: OpenApiResponse(description="No committed or verified "
+                                                               "checkpoint at the step (or its "
+                                                               "folder is a symbolic link), or "
+                                                               "an ended job with none to "
+                                                               "rerun from.")})
     def post(self, request, pk):
         job = self.get_job()
         # The owner's word and a checkpoint to rerun from come before the step.

@@ -8,8 +8,9 @@ from __future__ import annotations
 import re
 
 from django.db import IntegrityError, transaction
+from regatta import manifest as mf
 
-from checkpoints.confinement import reported_step_uri_ok
+from checkpoints.confinement import link_below_root, reported_step_uri_ok
 from checkpoints.models import Checkpoint
 from controlplane.lib.tasks import RECONCILE_JOB
 from jobs.checkpointing import job_checkpoint_uri, on_abandoned_branch
@@ -97,6 +98,11 @@ def _check_uri(f: Fields, job, step: int, uri: str) -> None:
         f.errors["uri"] = ["Must not be blank."]
     elif not reported_step_uri_ok(job_checkpoint_uri(job), step, uri):
         f.errors["uri"] = [f"Must be this job's folder for step {step}: {expected}"]
+    elif link := next(filter(None, (link_below_root(path) for path in (
+            expected, f"{expected}/{mf.MANIFEST}", f"{expected}/{mf.MARKER}"))), None):
+        # The folder (or its manifest) would be another one's, wherever it points.
+        f.errors["uri"] = [f"{link} is a symbolic link: a checkpoint is reported from its "
+                           "own real folder, with its own files."]
 
 
 def record_checkpoint(attempt: JobAttempt, values: dict) -> tuple[Checkpoint, bool]:

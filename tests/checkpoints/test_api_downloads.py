@@ -156,6 +156,27 @@ def test_an_artifact_row_pointing_outside_the_registry_serves_nothing(api, owner
     assert api(owner).get(f"/api/v1/artifacts/{etc.pk}/files/passwd").status_code == 404
 
 
+def test_an_artifact_folder_reached_through_a_link_in_the_registry_serves_nothing(
+        api, owner, succeeded_job, artifact, settings):
+    """A link below the registry, even to another artifact inside it, is
+    not the artifact the row names."""
+    registry = Path(settings.ARTIFACT_ROOT)
+    os.symlink(Path(artifact.uri).parent.parent, registry / "vision-linked")
+    row = ModelArtifact.objects.create(
+        job=succeeded_job, name="vision-linked", version=9, format="torch",
+        uri=str(registry / "vision-linked" / "v1" / "model.pt"), files=artifact.files)
+    for path in ("model.pt", "config.json"):
+        assert api(owner).get(f"/api/v1/artifacts/{row.pk}/files/{path}").status_code == 404
+    # A linked file inside a real artifact folder is not served either.
+    os.symlink(Path(artifact.uri), Path(artifact.uri).parent / "linked.pt")
+    ModelArtifact.objects.filter(pk=artifact.pk).update(
+        files={**artifact.files, "linked.pt": artifact.files["model.pt"]})
+    assert api(owner).get(f"/api/v1/artifacts/{artifact.pk}/files/linked.pt").status_code \
+        == 404
+    assert api(owner).get(f"/api/v1/artifacts/{artifact.pk}/files/model.pt").status_code \
+        == 200
+
+
 def test_an_artifact_without_a_recorded_listing_lists_its_folder(api, owner, artifact):
     ModelArtifact.objects.filter(pk=artifact.pk).update(files={})
     files = api(owner).get(f"/api/v1/artifacts/{artifact.pk}/files/").json()["files"]

@@ -303,11 +303,11 @@ def test_restart_from_a_chosen_checkpoint_and_the_api_s_refusal_as_it_gave_it(
     refused = regatta("restart", job.pk, "--from-step", 200)
     assert refused.exit_code == 1
     assert refused.stderr.splitlines() == [
-        "Error: HTTP 400 Bad Request",
-        f"  from_step: Job {job.pk} has no committed or verified checkpoint at step 200.",
+        "Error: HTTP 409 Conflict",
+        f"  Job {job.pk} has no committed or verified checkpoint at step 200.",
     ]
     body = json.loads(regatta("restart", job.pk, "--from-step", 200, "--json").stderr)
-    assert body == {"status": 400, "error": {"from_step": [
-        f"Job {job.pk} has no committed or verified checkpoint at step 200."]}}
+    assert body == {"status": 409, "error": {
+        "detail": f"Job {job.pk} has no committed or verified checkpoint at step 200."}}
     job.refresh_from_db()
     assert job.restart_from_step == 100

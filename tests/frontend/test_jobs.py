@@ -178,9 +178,11 @@ def test_restart_from_a_step_without_a_checkpoint_is_refused(web, owner, team, c
     attempt = run(job, list(cluster.nodes.all()[:2]))
     checkpoint(job, attempt, 100, state="corrupt")
     events = job.events.count()
-    for bad in ("100", "7", "abc", ""):
+    for bad, said in (("100", "no committed or verified checkpoint at step 100"),
+                      ("7", "no committed or verified checkpoint at step 7"),
+                      ("abc", "from_step"), ("", "from_step")):
         resp = web(owner).post(f"/jobs/{job.pk}/restart/", {"from_step": bad}, follow=True)
-        assert "from_step" in resp.content.decode()
+        assert said in resp.content.decode()
     job.refresh_from_db()
     assert job.restart_from_step is None and job.events.count() == events
 

@@ -142,14 +142,20 @@ class TestRestart:
         assert (event.kind, event.evidence) == ("RestartRequested", {"from_step": 100})
         assert len(callbacks) == 1
 
-    @pytest.mark.parametrize("body", [{"from_step": 150}, {"from_step": 50}, {"from_step": "100"},
-                                      {}, {"from_step": 100, "force": True}])
-    def test_it_refuses_a_step_without_a_loadable_checkpoint(self, api, owner, jobs, body):
+    @pytest.mark.parametrize(("body", "status"), [
+        ({"from_step": 150}, 409), ({"from_step": 50}, 409), ({"from_step": "100"}, 400),
+        ({}, 400), ({"from_step": 100, "force": True}, 400)])
+    def test_it_refuses_a_step_without_a_loadable_checkpoint(self, api, owner, jobs, body,
+                                                             status):
+        """A malformed body is 400; a well-formed step the job has no
+        checkpoint at is the job's state, 409."""
         job = jobs[0][0]
         make_checkpoint(job, 100)
         make_checkpoint(job, 50, state="corrupt")
         resp = api(owner).post(f"/api/v1/jobs/{job.pk}/restart/", body, format="json")
-        assert resp.status_code == 400
+        assert resp.status_code == status
+        if status == 409:
+            assert "no committed or verified checkpoint at step" in resp.data["detail"]
         job.refresh_from_db()
         assert (job.restart_from_step, job.generation) == (None, 1)
 
@@ -209,15 +215,16 @@ class TestRerun:
         assert resp.status_code == 200
         assert JobEvent.objects.get(job=job, kind="Rerun").actor == "user:opal"
 
-    @pytest.mark.parametrize("body", [{"from_step": 120}, {"from_step": 75},
-                                      {"from_step": "100"}, {}, {"from_step": -1}])
-    def test_a_step_without_a_loadable_checkpoint_is_a_field_error(self, api, owner, jobs,
-                                                                   body):
+    @pytest.mark.parametrize(("body", "status"), [
+        ({"from_step": 120}, 409), ({"from_step": 75}, 409), ({"from_step": "100"}, 400),
+        ({}, 400), ({"from_step": -1}, 400)])
+    def test_a_step_without_a_loadable_checkpoint_is_refused(self, api, owner, jobs, body,
+                                                             status):
         job = jobs[0][0]
         _ended(job)
         resp = api(owner).post(f"/api/v1/jobs/{job.pk}/restart/", body, format="json")
-        assert resp.status_code == 400
-        assert "from_step" in resp.data
+        assert resp.status_code == status
+        assert "from_step" in resp.data if status == 400 else "step" in resp.data["detail"]
         job.refresh_from_db()
         assert (job.phase, job.generation) == ("failed", 1)
 
