@@ -11,14 +11,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def state_dir_seen_by(target, tmp_path, **env) -> str:
     # A copy of the Makefile whose "python" reports the state folder it was
-    # given; -o keeps make from (re)building the virtualenv.
+    # given; -o keeps make from (re)building the virtualenv (whole, or the
+    # control plane and the fleet's part that `make run` asks for).
     shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
     fake = tmp_path / "fake-python"
     fake.write_text('#!/bin/sh\necho "state=${REGATTA_STATE_DIR}"\n')
     fake.chmod(0o755)
     base = {k: v for k, v in os.environ.items() if k != "REGATTA_STATE_DIR"}
     result = subprocess.run(
-        ["make", "-s", "-o", ".venv/.installed-stamp", f"PY={fake}", target],
+        ["make", "-s", "-o", ".venv/.installed-stamp", "-o", ".venv/.controlplane-stamp",
+         "-o", ".venv/.fleet-stamp", f"PY={fake}", target],
         cwd=tmp_path, env={**base, **env}, capture_output=True, text=True, timeout=60,
     )
     assert result.returncode == 0, result.stderr

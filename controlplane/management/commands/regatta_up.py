@@ -11,6 +11,7 @@ and the fleet page (clusters/providers/local/worker_env.py)."""
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import re
@@ -71,8 +72,13 @@ class Command(BaseCommand):
         if prepare:
             # One Python start instead of three (migrate, the demo, this).
             call_command("migrate", "--noinput", verbosity=0)
+            said = io.StringIO()
             call_command("regatta_demo", *shlex.split(os.environ.get("DEMO_ARGS", "")),
-                         stdout=self.stdout)
+                         stdout=said)
+            # The sign-in and the token are in the start-up block below.
+            for line in said.getvalue().splitlines():
+                if line.startswith("demo job"):
+                    self.stdout.write(line)
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self.stopping = False
         self.verbose = verbose
