@@ -3,8 +3,13 @@
 A webhook makes the control plane send requests wherever a team says; left
 open, that reaches the cloud's metadata service, the database or the admin
 on the private network (server-side request forgery). So every address a
-URL's host resolves to must be global, unless it lies in one of the
-networks an operator let through (REGATTA_WEBHOOK_ALLOWED_NETWORKS). The
+URL's host resolves to is judged by what it is, not by a list of what it
+must not be: it must be a global unicast address (IPv6: inside 2000::/3 and
+globally reachable; IPv4: globally reachable, neither multicast nor
+reserved), and so must any IPv4 address it carries (6to4, NAT64); an IPv4
+address spelled as IPv6 (::ffff:a.b.c.d and its kin) and a literal with a
+zone id (fe80::1%eth0) are refused outright. Only networks an operator let
+through (REGATTA_WEBHOOK_ALLOWED_NETWORKS) pass otherwise. The
 check runs when the webhook is saved and again before every try, redirects
 are never followed, and each try connects to the very address it checked
 (notifications/pinning.py): a DNS answer that changes between the check and
@@ -37,6 +42,18 @@ _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
 # RFC 8215's local-use NAT64 prefix: IANA lists it as not globally reachable.
 _LOCAL_NAT64 = ipaddress.ip_network("64:ff9b:1::/48")
+# IPv6's global unicast space (RFC 4291, 2.4; RFC 3587): everything outside
+# it is multicast, link- or site-local, loopback, unspecified or reserved.
+_GLOBAL_UNICAST_V6 = ipaddress.ip_network("2000::/3")
+# Special-purpose blocks not globally reachable that IANA registered after
+# the ipaddress tables of the Python this runs on: documentation (RFC 9637)
+# and SRv6 segment ids (RFC 9602).
+_NOT_GLOBAL_SINCE = (ipaddress.ip_network("3fff::/20"), ipaddress.ip_network("5f00::/16"))
+# An IPv4 address written as IPv6: mapped (::ffff:0:0/96), SIIT-translated
+# (::ffff:0:0:0/96), and the deprecated compatible form (::/96). No DNS
+# answer needs them, and a socket reaches the IPv4 address behind them.
+_IPV4_AS_IPV6 = (ipaddress.ip_network("::ffff:0:0/96"), ipaddress.ip_network("::ffff:0:0:0/96"),
+                 _IPV4_COMPATIBLE)
 
 
 class UnsafeTarget(ValueError):
@@ -69,6 +86,9 @@ def check_syntax(url: str) -> str:
         raise UnsafeTarget("The URL names no host.")
     if parts.username or parts.password or "@" in parts.netloc:
         raise UnsafeTarget("Put no credentials in the URL; verify the signature instead.")
+    if "%" in parts.hostname:
+        raise UnsafeTarget("An address with a zone id (an interface, as in fe80::1%eth0) is "
+                           "only ever a link-local one: not a webhook's.")
     if not (_ipv6_literal(parts.hostname) if parts.netloc.startswith("[")
             else _DNS_NAME.fullmatch(parts.hostname)):
         raise UnsafeTarget(f"{parts.hostname!r} is neither a DNS name nor an IP address.")
@@ -107,17 +127,32 @@ def embedded_ipv4(address: Address) -> ipaddress.IPv4Address | None:
     return None
 
 
+def global_unicast(address: Address) -> bool:
+    """Whether `address` is one a public host may have: globally reachable
+    (IANA's special-purpose registries, as ipaddress reads them), unicast,
+    not reserved, and for IPv6 inside the global unicast space."""
+    if address.is_multicast or address.is_unspecified or not address.is_global:
+        return False
+    if address.version == 6:
+        return address in _GLOBAL_UNICAST_V6 and not any(address in n for n in _NOT_GLOBAL_SINCE)
+    return not address.is_reserved
+
+
 def refused(address: Address) -> bool:
-    """True unless `address` is global (and so is any IPv4 address inside
-    it), or lies in a network the operator allowed."""
+    """True unless `address` is global unicast (and so is any IPv4 address
+    inside it), or lies in a network the operator allowed."""
     inner = embedded_ipv4(address)
     allowed = settings.WEBHOOK_ALLOWED_NETWORKS
     if any(a in net for a in (address, inner) if a is not None for net in allowed
            if a.version == net.version):
         return False
-    if address in _LOCAL_NAT64:
+    if address.version == 6 and any(address in net for net in _IPV4_AS_IPV6):
         return True
-    return not address.is_global or (inner is not None and not inner.is_global)
+    if address in _NAT64:  # outside 2000::/3, yet public: judged by the IPv4 it carries
+        return inner is None or not global_unicast(inner)
+    if not global_unicast(address):
+        return True
+    return inner is not None and not global_unicast(inner)
 
 
 def resolve(url: str) -> Target:

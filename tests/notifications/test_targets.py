@@ -55,6 +55,41 @@ def test_a_transition_address_of_a_public_ipv4_passes(address, settings):
     assert not targets.refused(ipaddress.ip_address(address))
 
 
+@pytest.mark.parametrize("address", [
+    "224.0.0.1", "239.255.255.250", "233.252.0.1",   # multicast, IPv4
+    "ff02::1", "ff0e::1", "ff05::fb",                 # multicast, IPv6 (link to global scope)
+    "255.255.255.255", "240.0.0.1",                   # broadcast, reserved
+    "::ffff:0:7f00:1", "::ffff:0:808:808",            # SIIT-translated IPv4
+    "::ffff:8.8.8.8",                                 # even a public IPv4, mapped
+    "fe80::1", "fec0::1", "fd00::1",                  # link-local, site-local, ULA
+    "2001::1", "2001:db8::1", "100::1", "::", "::1",  # Teredo, documentation, discard
+    "64:ff9b::e000:1", "2002:e000:1::1",              # NAT64 and 6to4 of a multicast IPv4
+    "3fff::1", "5f00::1",                             # documentation, SRv6 (2024)
+])
+def test_an_address_that_is_not_global_unicast_is_refused(address, settings):
+    settings.WEBHOOK_ALLOWED_NETWORKS = []
+    assert targets.refused(ipaddress.ip_address(address)), address
+
+
+@pytest.mark.parametrize("url", [
+    "http://224.0.0.1/", "http://239.255.255.250:1900/", "http://[ff02::1]/",
+    "http://[ff0e::1]/", "http://[::ffff:0:7f00:1]/", "http://[fe80::1%25eth0]/",
+    "http://[2606:4700::1%25eth0]/",
+])
+def test_a_webhook_to_such_an_address_is_a_400_on_url(api, owner, url, settings):
+    settings.WEBHOOK_ALLOWED_NETWORKS = []
+    resp = api(owner).post("/api/v1/webhooks/", {"team": "vision", "url": url,
+                                                 "events": ["job.failed"]}, format="json")
+    assert resp.status_code == 400 and list(resp.data) == ["url"], resp.data
+    assert not Webhook.objects.exists()
+
+
+def test_an_operator_may_allow_any_network_even_a_multicast_one(settings):
+    settings.WEBHOOK_ALLOWED_NETWORKS = [ipaddress.ip_network("239.255.0.0/16")]
+    assert not targets.refused(ipaddress.ip_address("239.255.255.250"))
+    assert targets.refused(ipaddress.ip_address("224.0.0.1"))
+
+
 def test_an_allowed_network_covers_the_ipv4_inside_a_nat64_address(settings):
     settings.WEBHOOK_ALLOWED_NETWORKS = [ipaddress.ip_network("10.1.0.0/16")]
     assert not targets.refused(ipaddress.ip_address("64:ff9b::10.1.2.3"))
