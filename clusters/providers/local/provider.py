@@ -229,6 +229,11 @@ class LocalProvider:
 
     def preflight(self, pool: PoolInfo, placements: tuple[Placement, ...],
                   timeout_s: float = 60.0) -> PreflightResult:
+        waiting = self.environment_waiting()
+        if waiting:
+            # Nothing can run the check yet (its torch still installing): no
+            # answer, asked again by a later pass, and no node blamed.
+            return PreflightResult(ok=False, pending=True, message=waiting)
         data = self.book.read()
         nodes = NodeBook.pool(data, pool.name)["nodes"]
         bad = {p.node for p in placements if nodes.get(p.node, {}).get("bad")}

@@ -80,3 +80,24 @@ def test_the_installer_reports_uv_s_download_bars_as_bytes_of_the_whole(installe
     assert worker_env.describe({"state": "installing", "done_bytes": progress.done,
                                 "total_bytes": progress.total, "phase": "linking"}) == \
         "installing the fleet's torch: unpacking into the virtualenv"
+
+
+def test_no_preflight_runs_and_no_node_is_blamed_while_the_fleet_s_torch_installs(
+        installer, tmp_path):
+    from clusters.providers.base import Placement
+    from clusters.providers.local import LocalProvider
+    from tests.clusters.local_fleet import make_pool
+
+    provider = LocalProvider("lab", tmp_path / "fleet" / "lab", standbys=True)
+    pool = make_pool()
+    nodes = [n.name for n in provider.list_nodes(pool)][:2]
+    installer.write(state=worker_env.INSTALLING, done_bytes=5, total_bytes=10)
+
+    result = provider.preflight(
+        pool, tuple(Placement(node=n, node_rank=i) for i, n in enumerate(nodes)), 30.0)
+
+    assert result.pending and not result.failed_nodes
+    assert result.message.startswith("installing the fleet's torch")
+    assert not (provider.root / "preflight").exists()
+    provider.hold_spares(pool, nodes)  # no standby either
+    assert not (provider.root / "standby").exists()
