@@ -92,8 +92,8 @@ class ClusterSettings:
         minimum=0)
     # -- what a job may change about its ranks (jobs/isolation.py) --------------------
     env_allow: tuple[str, ...] = setting(
-        (), "environment variables jobs may set although they change a rank's isolation "
-        "(LD_PRELOAD, CUDA_VISIBLE_DEVICES, AWS_*, ...): names, or prefixes ending in *")
+        (), "environment variables jobs may set beyond the ones every job may (docs/byo.md: "
+        "NCCL_*, LD_LIBRARY_PATH, AWS_*, ...): names, or prefixes ending in *")
     image_allow: tuple[str, ...] | None = setting(
         None, "images jobs may name: registries (registry.example.com) or repository "
         "prefixes (registry.example.com/ml/); default: any image")

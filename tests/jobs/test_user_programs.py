@@ -37,14 +37,14 @@ def test_a_program_takes_hyperparameters_args_and_env_of_its_own(api, owner, tea
     resp = api(owner).post(URL, spec(
         entrypoint=PROGRAM, args=["--epochs", "3", ""],
         hyperparameters={"steps": 40, "lr": 3e-4, "layers": [64, 64], "note": None},
-        env={"WANDB_MODE": "offline", "NCCL_DEBUG": "INFO", "PYTHONPATH": "/opt/code"},
+        env={"WANDB_MODE": "offline", "NCCL_DEBUG": "INFO", "HF_HOME": "/cache/hf"},
     ), format="json")
 
     assert resp.status_code == 201, resp.content
     job = TrainingJob.objects.get()
     assert job.args == ["--epochs", "3", ""]
     assert job.hyperparameters["steps"] == 40
-    assert job.env["PYTHONPATH"] == "/opt/code"
+    assert job.env["HF_HOME"] == "/cache/hf"
     assert job.completion == TrainingJob.Completion.EXIT
     assert resp.data["completion"] == "exit" and resp.data["args"] == job.args
 
