@@ -10,17 +10,25 @@ like testcluster/cluster.py: logs in `<state>/log/`, pids in `<state>/pids/`
 is a free loopback port picked at `up`.
 
 Root only: slurmd must be root to start job steps as their user; munged and
-MariaDB run as the munge and mysql users that Debian's packages create.
+MariaDB run as the munge and mysql users that Debian's packages create. Those
+two must pass through every folder above their own: when the state folder
+is private to root (`mktemp -d`, mode 0700), their folders (munge's key,
+socket and log; MariaDB's data, socket and pid) go to a folder of this
+cluster's own under /tmp instead, root's, which they may pass through but
+not list (`daemon_dir`); the rest stays in the state folder.
 """
 
 from __future__ import annotations
 
+import grp
+import hashlib
 import json
 import os
 import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -45,6 +53,10 @@ ENABLE_HINT = (f"apt-get install -y --no-install-recommends {PACKAGES} (as root)
                "the real-Slurm tests")
 # Unix socket paths are limited to 108 bytes, munge's included.
 _SOCKET_PATH_MAX = 100
+# The daemons that run as users of their own, not root.
+DAEMON_USERS = ("munge", "mysql")
+# Where their folders go when the state folder is closed to them.
+DAEMON_PARENT = Path("/tmp")
 
 
 class SlurmClusterError(RuntimeError):
@@ -71,6 +83,31 @@ def why_unavailable() -> str | None:
         except KeyError:
             return f"no {user} user: {ENABLE_HINT}"
     return None
+
+
+def passes_into(path: Path, user: str) -> bool:
+    """Whether `user` may pass through every folder from / down to `path`
+    (down to its nearest existing folder), by the mode bits the kernel
+    checks: the owner's, the group's, or everyone's search bit."""
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        return True  # no such user: why_unavailable says so
+    gids = {entry.pw_gid} | {g.gr_gid for g in grp.getgrall() if user in g.gr_mem}
+    folder = Path(path)
+    while not folder.exists():
+        folder = folder.parent
+    for each in (folder, *folder.parents):
+        info = each.stat()
+        if info.st_uid == entry.pw_uid:
+            bit = stat.S_IXUSR
+        elif info.st_gid in gids:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if not info.st_mode & bit:
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -113,13 +150,57 @@ class SlurmCluster:
         self.state = Path(state).resolve()
         self.log_dir = self.state / "log"
         self.pids = self.state / "pids"
-        self.munge_dir = self.state / "munge"
         self.conf = self.state / "etc" / "slurm.conf"
         self._procs: dict[str, subprocess.Popen] = {}
 
     @property
+    def daemon_dir(self) -> Path:
+        """Where munged's and MariaDB's folders go: the state folder when
+        their users can pass into it, else this cluster's own folder under
+        /tmp (named after the state folder, so `down` in another process
+        finds the same one)."""
+        if all(passes_into(self.state, user) for user in DAEMON_USERS):
+            return self.state
+        digest = hashlib.sha256(str(self.state).encode()).hexdigest()[:12]
+        return DAEMON_PARENT / f"regatta-slurm-{digest}"
+
+    @property
+    def munge_dir(self) -> Path:
+        return self.daemon_dir / "munge"
+
+    @property
     def munge_socket(self) -> Path:
         return self.munge_dir / "munge.socket"
+
+    @property
+    def munge_log(self) -> Path:
+        # munged opens its log itself, as the munge user.
+        return (self.log_dir if self.daemon_dir == self.state else self.munge_dir) / \
+            "munged.log"
+
+    def _prepare_daemon_dir(self) -> None:
+        """Make the folder of `daemon_dir` outside the state folder: root's,
+        passable but not listable or writable by others. One already there
+        must be just that (a folder in /tmp anyone could have made first)."""
+        folder = self.daemon_dir
+        if folder == self.state:
+            return
+        try:
+            folder.mkdir(mode=0o711)
+        except FileExistsError:
+            pass
+        info = os.lstat(folder)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o022:
+            raise SlurmClusterError(
+                f"{folder} is not a folder of root's that only root may write; remove it")
+        folder.chmod(0o711)
+        closed = [u for u in DAEMON_USERS if not passes_into(folder / "x", u)]
+        if closed:
+            raise SlurmClusterError(
+                f"munged and MariaDB run as the users {' and '.join(DAEMON_USERS)}, and "
+                f"{', '.join(closed)} can pass neither into {self.state} nor into {folder}: "
+                "give them search permission on the folders above one of them (chmod o+x), "
+                "or put REGATTA_STATE_DIR where they can reach it")
 
     @property
     def env(self) -> dict[str, str]:
@@ -246,7 +327,8 @@ StorageLoc={DB_NAME}
         with open(self.log_dir / f"{name}.out", "ab") as log:
             proc = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=self.state, env={**os.environ, **self.env},
+                cwd=self.state if user is None else self.daemon_dir,
+                env={**os.environ, **self.env},
                 # Its own session: a Ctrl-C in the terminal that ran `up`
                 # leaves the cluster up; `down` stops it.
                 start_new_session=True, **as_user,
@@ -265,6 +347,16 @@ StorageLoc={DB_NAME}
         if name in self._procs:
             self._procs[name].wait(timeout=10)
         return pid
+
+    def stop_slurmctld(self) -> int:
+        """Stop the controller as an admin's restart does (SIGTERM: it saves
+        its state first); the slurmds and the jobs' steps go on."""
+        return self.stop_daemon("slurmctld", signal.SIGTERM)
+
+    def start_slurmctld(self) -> None:
+        """Start the controller again from its saved state (no -i): nodes
+        and jobs come back as it left them, after their slurmds register."""
+        self._spawn("slurmctld", [DAEMONS["slurmctld"], "-D", "-f", str(self.conf)])
 
     def start_slurmd(self, node: str) -> None:
         self._spawn(f"slurmd-{node}", [DAEMONS["slurmd"], "-D", "-N", node,
@@ -364,6 +456,20 @@ StorageLoc={DB_NAME}
         self._procs.clear()
         for pidfile in self.pids.glob("*.pid") if self.pids.exists() else ():
             pidfile.unlink()
+        self._remove_daemon_dir()
+
+    def _remove_daemon_dir(self) -> None:
+        """The folder outside the state folder goes with the daemons (the
+        state folder's own copy stays, as ever, until the next `up`)."""
+        folder = self.daemon_dir
+        if folder == self.state:
+            return
+        try:
+            info = os.lstat(folder)
+        except FileNotFoundError:
+            return
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == 0:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def _wait(self, what: str, check, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -385,7 +491,10 @@ StorageLoc={DB_NAME}
 
     def tail(self, name: str, lines: int = 30) -> str:
         texts = []
-        for path in (self.log_dir / f"{name}.out", self.log_dir / f"{name}.log"):
+        paths = [self.log_dir / f"{name}.out", self.log_dir / f"{name}.log"]
+        if name == "munged":
+            paths.append(self.munge_log)
+        for path in dict.fromkeys(paths):
             if path.exists():
                 texts.append("\n".join(path.read_text(errors="replace").splitlines()[-lines:]))
         return "\n".join(texts)
@@ -401,15 +510,18 @@ StorageLoc={DB_NAME}
         if len(str(self.munge_socket)) > _SOCKET_PATH_MAX:
             raise SlurmClusterError(f"state folder too deep for munge's socket: {self.state}")
         self.down()
+        self._prepare_daemon_dir()
         for sub in ("ctld", "spool", "run", "db"):
             shutil.rmtree(self.state / sub, ignore_errors=True)
+            shutil.rmtree(self.daemon_dir / sub, ignore_errors=True)
         for sub in ("log", "pids", "ctld", "spool", "run"):
             (self.state / sub).mkdir(parents=True, exist_ok=True)
+        (self.daemon_dir / "run").mkdir(exist_ok=True)
         started = time.monotonic()
         layout = Layout.pick(working, spares)
         self._write_munge_key()
         self._write_conf(layout)
-        munge_log = self.log_dir / "munged.log"
+        munge_log = self.munge_log
         munge_log.touch()
         munge = pwd.getpwnam("munge")
         os.chown(munge_log, munge.pw_uid, munge.pw_gid)
@@ -438,18 +550,18 @@ StorageLoc={DB_NAME}
     def _start_accounting(self, layout: Layout) -> None:
         """A fresh MariaDB in `<state>/db` (loopback only), slurmdbd on it, and
         this cluster registered, before slurmctld starts and reports to it."""
-        data, mysql = self.state / "db", pwd.getpwnam("mysql")
+        data, mysql = self.daemon_dir / "db", pwd.getpwnam("mysql")
         subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={data}",
                         "--user=mysql", "--auth-root-authentication-method=socket",
                         "--skip-test-db"], check=True, capture_output=True, timeout=60)
         for path in (data, *data.rglob("*")):
             os.chown(path, mysql.pw_uid, mysql.pw_gid)
-        socket_path = self.state / "run" / "mariadb.sock"
+        socket_path = self.daemon_dir / "run" / "mariadb.sock"
         os.chown(socket_path.parent, mysql.pw_uid, mysql.pw_gid)
         self._spawn("mariadbd", [
             DAEMONS["mariadbd"], "--no-defaults", f"--datadir={data}",
             f"--socket={socket_path}", f"--port={layout.db_port}", "--bind-address=127.0.0.1",
-            "--skip-name-resolve", f"--pid-file={self.state / 'run' / 'mariadb.pid'}",
+            "--skip-name-resolve", f"--pid-file={socket_path.parent / 'mariadb.pid'}",
             # What slurmdbd's start-up check asks of InnoDB.
             "--innodb-buffer-pool-size=128M", "--innodb-lock-wait-timeout=900"], user="mysql")
         self._wait("MariaDB's socket", socket_path.exists, 30)
