@@ -38,17 +38,21 @@ $(CONTROLPLANE_STAMP): pyproject.toml worker_image/pyproject.toml
 	@touch $@
 
 # Not --quiet: regatta_up reads uv's download bars for the progress it shows.
+# Bytecode compiled here, behind the web: uv leaves it to the first import
+# otherwise, and torch's thousands of modules would be compiled by the first
+# standbys and ranks, each on its own, as the first job starts.
 $(FLEET_STAMP): $(CONTROLPLANE_STAMP)
 	@if $(HAS_ALL); then :; else \
 		echo "Installing the local fleet's worker environment: torch $(TORCH) and the trainer"; \
-		$(UV) pip install --python $(PY) torch==$(TORCH) -e './worker_image[trainer,s3]'; fi
+		$(UV) pip install --python $(PY) --compile-bytecode torch==$(TORCH) \
+			-e './worker_image[trainer,s3]'; fi
 	@touch $@
 
 $(STAMP): pyproject.toml worker_image/pyproject.toml
 	@$(ENSURE_VENV)
 	@echo "Installing Regatta, the worker package with torch $(TORCH) for the local fleet's ranks, and the test tools"
-	$(UV_INSTALL) --upgrade-package pip pip torch==$(TORCH) -e './worker_image[trainer,s3]' \
-		-e '.[test]'
+	$(UV_INSTALL) --compile-bytecode --upgrade-package pip pip torch==$(TORCH) \
+		-e './worker_image[trainer,s3]' -e '.[test]'
 	@touch $(STAMP) $(CONTROLPLANE_STAMP) $(FLEET_STAMP)
 
 install: $(STAMP)
