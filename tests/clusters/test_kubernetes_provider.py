@@ -13,7 +13,6 @@ container's output (tests/support/pod_logs.py, since no container runs).
 import base64
 import json
 import socket
-import threading
 
 import pytest
 from kubernetes import client as k8s
@@ -24,6 +23,11 @@ from clusters.providers.base import Placement
 from clusters.providers.kubernetes import KubernetesProvider, KubeSettings
 from clusters.providers.kubernetes import manifests as mf
 from clusters.providers.kubernetes.errors import DEFAULT_DELAY_S
+from clusters.providers.kubernetes.informers import ClusterCache
+from clusters.providers.kubernetes.kinds import PYTORCHJOB
+from clusters.providers.kubernetes.observe import CORDONED_BY_REGATTA
+from clusters.providers.kubernetes.preflight import LABEL_CHECKS, checks_label
+from clusters.providers.kubernetes.reachability import request_timeout
 from clusters.providers.kubernetes.resources import smallest_allocatable
 from clusters.providers.registry import get_provider, pool_info
 from controlplane.lib.errors import PermanentError, TemporaryError
@@ -508,7 +512,12 @@ def test_cordon_and_uncordon_patch_unschedulable(kube_world, calls, provider):
     # The API server leaves a false `unschedulable` out of the Node.
     assert not kube_world.core.read_node(n1).spec.unschedulable
     bodies = [c.body for c in calls.calls("PATCH", f"{NODES}/{n1}")]
-    assert bodies == [{"spec": {"unschedulable": True}}, {"spec": {"unschedulable": False}}]
+    # Regatta's own cordon is marked on the Node, so an admin's is told apart.
+    assert bodies == [
+        {"metadata": {"annotations": {CORDONED_BY_REGATTA: "true"}},
+         "spec": {"unschedulable": True}},
+        {"metadata": {"annotations": {CORDONED_BY_REGATTA: None}},
+         "spec": {"unschedulable": False}}]
     provider.cordon(info, "gone")  # a node that is gone needs no cordon
 
 
@@ -665,10 +674,12 @@ def test_it_turns_dcgm_conditions_xids_and_spot_taints_into_signals(kube_world, 
     got = {(s.node, s.kind, s.severity) for s in signals}
     # Every node but `healthy` lacks the monitoring agent's condition: not
     # a signal (the agent has not reported yet), nor is the node lifecycle
-    # controller's own not-ready taint.
+    # controller's own not-ready taint. A node not Ready is no signal either:
+    # it is a state (NodeInfo.ready), which the cluster reconcile fails only
+    # past its grace.
     assert got == {(xid, "xid", "critical"), (dbe, "ecc", "critical"),
-                   (plugin, "xid", "critical"), (spot, "spot_notice", "critical"),
-                   (down, "lost", "critical")}
+                   (plugin, "xid", "critical"), (spot, "spot_notice", "critical")}
+    assert not {n.name: n for n in provider.list_nodes(info)}[down].ready
     by_node = {s.node: s for s in signals}
     assert "GPU has fallen off the bus" in by_node[xid].message
     assert by_node[xid].evidence["condition"]["reason"] == "NvidiaXID79Error"
@@ -690,22 +701,9 @@ def test_labels_a_health_checker_sets_become_signals_when_configured(kube_world,
 
 
 # --- preflight ------------------------------------------------------------------
-
-def preflight_in_background(provider, info, placements, **kw):
-    """Runs the preflight in a thread (it watches its job until it ends);
-    returns the thread and where its result lands."""
-    out = {}
-
-    def run():
-        try:
-            out["result"] = provider.preflight(info, placements, **kw)
-        except BaseException as exc:  # surfaced by the test
-            out["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, out
-
+# The allreduce check runs beside the passes (PreflightResult.pending): the
+# first call starts its job, each later one with the same placements finds
+# that job and answers pending until it ended or timed out, then the result.
 
 def preflight_pods(world, count):
     """The preflight job's name and its pods by node, once all run."""
@@ -738,29 +736,40 @@ def play_preflight(world, logs, outcome, count):
     return name
 
 
-def finished(thread, out):
-    thread.join(timeout=90)
-    assert not thread.is_alive(), "the preflight did not return"
-    if "error" in out:
-        raise out["error"]
-    return out["result"]
+def started_preflight(provider, info, placements, **kw):
+    """The first call: it starts the check and answers at once."""
+    first = provider.preflight(info, placements, **kw)
+    assert first.pending and not first.ok, first
+    return first
+
+
+def preflight_result(provider, info, placements, **kw):
+    """Ask again, as later passes do, until the check has an answer."""
+    def answered():
+        result = provider.preflight(info, placements, **kw)
+        return None if result.pending else result
+    return eventually(answered, timeout=60, interval=0.5, what="the preflight's result")
 
 
 def test_preflight_runs_an_allreduce_job_and_reports_bandwidth(kube_world, calls, provider):
     pool, info = kwok_pool(kube_world, size=2)
     logs = PodLogs().install(provider)
     placements = (Placement(pool.node_name(0), 0), Placement(pool.node_name(1), 1))
-    thread, out = preflight_in_background(provider, info, placements, timeout_s=60)
+    first = started_preflight(provider, info, placements, timeout_s=60)
     name = play_preflight(kube_world, logs, {}, 2)
-    result = finished(thread, out)
+    assert first.evidence["job"] == name
+    result = preflight_result(provider, info, placements, timeout_s=60)
     assert result.ok, result.message
-    assert result.evidence["method"] == "allreduce"
+    assert result.evidence["method"] == "allreduce" and result.evidence["job"] == name
     assert result.evidence["allreduce_gbps"] == 42.5
     assert set(result.evidence["per_node"]) == {pool.node_name(0), pool.node_name(1)}
-    (watch,) = {c.query["fieldSelector"] for c in calls.calls("GET", JOBS)
-                if c.query.get("watch") == "True"}
-    assert watch == f"metadata.name={name}"
-    # The check cleans up after itself.
+    # Each later call found the check it started by the placements' label;
+    # nothing watched it.
+    looks = {c.query.get("labelSelector") for c in calls.calls("GET", JOBS)
+             if c.query.get("watch") != "True"}
+    assert f"{LABEL_CHECKS}={checks_label(placements)}" in looks
+    assert not [c for c in calls.calls("GET", JOBS) if c.query.get("watch") == "True"]
+    # The check cleans up after itself, and its result is given once.
     eventually(lambda: kube_world.pytorchjob(name) is None, timeout=60, interval=0.2,
                what="the preflight job to go")
 
@@ -769,41 +778,50 @@ def test_preflight_names_the_node_whose_rank_failed(kube_world, provider):
     pool, info = kwok_pool(kube_world, size=3)
     logs = PodLogs().install(provider)
     placements = tuple(Placement(pool.node_name(i), i) for i in range(3))
-    thread, out = preflight_in_background(provider, info, placements, timeout_s=60)
+    started_preflight(provider, info, placements, timeout_s=60)
     play_preflight(kube_world, logs, {pool.node_name(1): False}, 3)
-    result = finished(thread, out)
+    result = preflight_result(provider, info, placements, timeout_s=60)
     assert not result.ok
     assert result.failed_nodes == (pool.node_name(1),)
     assert pool.node_name(1) in result.message
 
 
-def test_preflight_that_never_finishes_times_out_without_blaming_a_node(kube_world, calls):
+def test_preflight_that_never_finishes_times_out_without_blaming_a_node(kube_world, calls,
+                                                                        provider):
     pool, info = kwok_pool(kube_world, size=1)
-    # The clock runs out after the first, one-second watch; the job's pods
-    # run on and never exit.
-    ticks = iter([0, 0, 29.5] + list(range(31, 100)))
-    provider = KubernetesProvider(calls.api, KubeSettings(request_timeout_s=10),
-                                  sleep=lambda s: None, clock=lambda: next(ticks))
-    result = provider.preflight(info, (Placement(pool.node_name(0), 0),), timeout_s=30)
+    placements = (Placement(pool.node_name(0), 0),)
+    first = started_preflight(provider, info, placements, timeout_s=3)
+    # Its pods run on and never exit: once 3 s have passed since the job was
+    # made, the next call gives up on it.
+    eventually(lambda: preflight_pods(kube_world, 1), timeout=60, interval=0.2,
+               what="the preflight's pods to run")
+    result = preflight_result(provider, info, placements, timeout_s=3)
     assert not result.ok and result.failed_nodes == ()
     assert "did not finish" in result.message
-    (name,) = {c.path.rsplit("/", 1)[-1] for c in calls.calls("DELETE", JOBS)}
+    name = first.evidence["job"]
+    assert {c.path.rsplit("/", 1)[-1] for c in calls.calls("DELETE", JOBS)} == {name}
     eventually(lambda: kube_world.pytorchjob(name) is None, timeout=60, interval=0.2,
                what="the preflight job to go")
 
 
-def test_a_watch_the_account_may_not_make_is_permanent(kube_world, cleanup_identities):
-    """A token that may read PyTorchJobs but not watch them: the API server
-    answers the watch with 403."""
+def test_an_informer_the_account_may_not_list_or_watch_is_permanent(kube_world,
+                                                                    cleanup_identities):
+    """A token that may get PyTorchJobs but not list or watch them (a Role
+    older than the informers): the informer's list answers 403, and every
+    read of its cache fails as permanent, in the server's words, at once."""
     pool, info = kwok_pool(kube_world, size=1)
     admin_provider = KubernetesProvider(kube_world.admin, KubeSettings(request_timeout_s=10))
-    admin_provider.launch(request_on(pool, info))
+    ref = admin_provider.launch(request_on(pool, info))
     cleanup_identities.append("regatta-no-watch")
     api = other_identity(kube_world, "regatta-no-watch", rules=[{
         "apiGroups": ["kubeflow.org"], "resources": ["pytorchjobs"], "verbs": ["get"]}])
-    provider = KubernetesProvider(api, KubeSettings(request_timeout_s=10), sleep=lambda s: None)
-    with pytest.raises(PermanentError, match="403"):
-        provider.watch_job("job-7-a2", timeout_s=30)
+    cache = ClusterCache(api, NS, "app.kubernetes.io/managed-by=regatta", request_timeout(10))
+    try:
+        provider = KubernetesProvider(api, KubeSettings(request_timeout_s=10), cache=cache)
+        with pytest.raises(PermanentError, match="403"):
+            provider.observe(ref)
+    finally:
+        cache.stop()
 
 
 def test_preflight_can_be_delegated_to_dcgm_health_checks(kube_world, calls):
@@ -875,36 +893,72 @@ def test_throttling_is_temporary_and_honours_retry_after(standin, standin_provid
     assert len(standin.store[st.pytorchjobs(NS)]) == 1
 
 
+@pytest.fixture
+def standin_cache(standin):
+    cache = ClusterCache(standin.api_client(), NS, "app.kubernetes.io/managed-by=regatta",
+                         request_timeout(5))
+    yield cache
+    cache.stop()
+
+
+def standin_job(standin, *conditions):
+    return standin.put(st.pytorchjobs(NS), {
+        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+        "metadata": {"name": "job-7-a2", "namespace": NS},
+        "status": {"conditions": [st.job_condition(c) for c in conditions]}})
+
+
 def test_a_watch_that_expires_with_410_gone_relists_and_watches_again(standin,
-                                                                    standin_provider):
+                                                                    standin_cache):
     jobs = st.pytorchjobs(NS)
-    standin.put(jobs, {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-                       "metadata": {"name": "regatta-preflight-x"},
-                       "status": {"conditions": [st.job_condition("Running")]}})
+    standin_job(standin, "Running")
     watches = []
 
     def stream():
         watches.append(1)
         if len(watches) == 1:
             # The job finished while the watch was being expired.
-            standin.get(jobs, "regatta-preflight-x")["status"]["conditions"].append(
+            standin.get(jobs, "job-7-a2")["status"]["conditions"].append(
                 st.job_condition("Succeeded"))
             return [st.watch_error(410, "too old resource version: 5 (9)")]
         return []
 
     standin.watch_events[jobs] = stream
-    final = standin_provider.watch_job("regatta-preflight-x", timeout_s=30)
-    assert final is not None and final["status"]["conditions"][-1]["type"] == "Succeeded"
-    assert len(watches) == 1
-    reads = [c for c in standin.calls("GET", f"{jobs}/regatta-preflight-x")]
-    assert len(reads) == 2  # the first look, then the relist after 410
+    provider = KubernetesProvider(standin.api_client(), KubeSettings(request_timeout_s=5),
+                                  cache=standin_cache)
+
+    def finished():
+        job = provider.reads.job(PYTORCHJOB, "job-7-a2")
+        return job if job["status"]["conditions"][-1]["type"] == "Succeeded" else None
+
+    eventually(finished, timeout=10, interval=0.1, what="the relist to bring the change")
+    watching = [c.query.get("watch", "").lower() == "true" for c in standin.calls("GET", jobs)]
+    assert watching[:3] == [False, True, False]  # list, watch (410), list again
+    first_watch = standin.calls("GET", jobs)[1]
+    # Watched from the list's resourceVersion, with bookmarks.
+    assert first_watch.query["resourceVersion"]
+    assert first_watch.query["allowWatchBookmarks"].lower() == "true"
+    assert standin_cache.informer("pytorchjobs").lists == 2
 
 
-def test_a_watch_error_event_is_classed_by_its_status(standin, standin_provider):
+def test_a_watch_error_event_is_classed_by_its_status(standin, standin_cache):
     jobs = st.pytorchjobs(NS)
-    standin.put(jobs, {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-                       "metadata": {"name": "regatta-preflight-x"},
-                       "status": {"conditions": [st.job_condition("Running")]}})
+    standin_job(standin, "Running")
     standin.watch_events[jobs] = [st.watch_error(500)]
-    with pytest.raises(TemporaryError, match="500"):
-        standin_provider.watch_job("regatta-preflight-x", timeout_s=30)
+    provider = KubernetesProvider(standin.api_client(), KubeSettings(request_timeout_s=5),
+                                  cache=standin_cache)
+
+    def refused():
+        try:
+            provider.reads.job(PYTORCHJOB, "job-7-a2")
+        except TemporaryError as exc:
+            return exc
+        return None
+
+    # The cache the broken watch leaves may be stale: reads say so, as temporary.
+    caught = eventually(refused, timeout=10, interval=0.05, what="reads to see the watch broken")
+    assert "500" in str(caught) and "stale" in str(caught)
+    # Once the server's watches answer again, so do the reads.
+    standin.watch_events.pop(jobs)
+    eventually(lambda: refused() is None, timeout=30, interval=0.1,
+               what="reads to answer again")

@@ -20,6 +20,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from clusters.models import Cluster, Node, NodeEvent, NodeHealthEvent, NodePool
+from clusters.providers.kubernetes.observe import CORDONED_BY_REGATTA
 from clusters.reconcile import reconcile_cluster_unlocked
 from jobs.models import JobAttempt, Phase, hash_token
 from jobs.reconcile import reconcile_job_unlocked
@@ -44,6 +45,9 @@ JOBS = f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs"
 SECRETS = f"/api/v1/namespaces/{NS}/secrets"
 NODES = "/api/v1/nodes"
 DCGM_LABEL = "example.com/dcgm-diag"
+# Regatta's cordon, marked as its own (an admin's has no mark).
+REGATTAS_CORDON = {"metadata": {"annotations": {CORDONED_BY_REGATTA: "true"}},
+                   "spec": {"unschedulable": True}}
 
 
 @pytest.fixture
@@ -79,10 +83,25 @@ def test_it_turns_the_clusters_nodes_and_their_health_into_rows(db, kube_world, 
                         "GPU has fallen off the bus")
     as_device_plugin(kube_world, n_plugin, 6)
     kube_world.core.patch_node(n_dcgm, {"metadata": {"labels": {DCGM_LABEL: "ecc-dbe"}}})
-    not_ready(kube_world, n_down)
     now = timezone.now()
 
     reconcile_cluster_unlocked(cluster.id, now)
+    # A node in service goes NotReady. That is a state, not evidence yet: it
+    # fails only once it lasted the cluster's grace (a controller's brief
+    # NodeStatusUnknown is no failure).
+    not_ready(kube_world, n_down)
+    went = later(now, 1)
+
+    def noted():
+        reconcile_cluster_unlocked(cluster.id, went)
+        row = Node.objects.get(cluster=cluster, name=n_down)
+        return row if row.not_ready_since == went else None
+
+    down = eventually(noted, timeout=10, interval=0.2, what="the pass to see it not ready")
+    assert down.state == Node.State.READY and not down.health_events.exists()
+    grace = cluster.config.node_failure_grace_s
+    failed_at = later(went, grace + 1)
+    reconcile_cluster_unlocked(cluster.id, failed_at)
 
     rows = {n.name: n for n in Node.objects.filter(cluster=cluster)}
     assert set(rows) == {n_ok, n_xid, n_plugin, n_dcgm, n_down}
@@ -102,7 +121,10 @@ def test_it_turns_the_clusters_nodes_and_their_health_into_rows(db, kube_world, 
     assert events[n_xid].evidence["condition"]["reason"] == "NvidiaXID79Error"
     assert events[n_plugin].evidence["capacity"] == 8
     assert events[n_dcgm].evidence["value"] == "ecc-dbe"
-    assert all(e.handled_at == now for e in events.values())
+    assert events[n_down].evidence["not_ready_for_s"] == grace + 1
+    assert events[n_down].evidence["provider_status"]["Ready"] in ("False", "Unknown")
+    assert all(e.handled_at == now for name, e in events.items() if name != n_down)
+    assert events[n_down].handled_at == failed_at
 
     # Nothing runs on them: each is cordoned with its evidence and replaced (a
     # Karpenter pool: the Node is deleted and Karpenter brings a new one).
@@ -112,11 +134,11 @@ def test_it_turns_the_clusters_nodes_and_their_health_into_rows(db, kube_world, 
         assert rows[name].state == Node.State.REPLACED, name
         assert NodeEvent.objects.filter(node=rows[name], to_state="cordoned").count() == 1
         patches = calls.calls("PATCH", f"{NODES}/{name}")
-        assert any(p.body == {"spec": {"unschedulable": True}} for p in patches), name
+        assert any(p.body == REGATTAS_CORDON for p in patches), name
         assert name not in left  # deleted for Karpenter to replace
     assert kube_world.core.read_node(n_ok).spec.unschedulable is None
 
-    reconcile_cluster_unlocked(cluster.id, later(now, 30))  # the same conditions, seen again
+    reconcile_cluster_unlocked(cluster.id, later(now, grace + 30))  # the same, seen again
     assert NodeHealthEvent.objects.filter(node__cluster=cluster).count() == 4
 
 
@@ -136,7 +158,10 @@ def test_a_nodes_new_dcgm_failure_on_a_later_sweep_is_a_new_event(db, kube_world
     reconcile_cluster_unlocked(cluster.id, later(now, 10))
     (event,) = NodeHealthEvent.objects.filter(node__name=n1)
     assert (event.kind, event.severity) == ("dcgm", "critical")
-    assert event.evidence["key"] == f"{n1}/AcceleratedHardwareReady/2026-01-03T00:00:00Z"
+    # Keyed by the spell Regatta saw begin, not by the condition's
+    # lastTransitionTime (which some agents leave as it was).
+    assert event.evidence["key"] == (f"{n1}/AcceleratedHardwareReady=False"
+                                     f"@{later(now, 10).isoformat()}")
     row = Node.objects.get(name=n1)
     assert row.state == Node.State.REPLACED  # idle: cordoned with the evidence and replaced
     assert row.events.filter(to_state="cordoned").exists()
@@ -286,7 +311,7 @@ def test_a_rank_that_dies_with_its_node_is_relaunched_elsewhere(db, kube_world, 
     assert bad.state == Node.State.REPLACED
     assert [(c.method, c.body) for c in calls.made
             if c.path == f"{NODES}/{lost_node}" and c.method != "GET"] == [
-        ("PATCH", {"spec": {"unschedulable": True}}), ("DELETE", None)]
+        ("PATCH", REGATTAS_CORDON), ("DELETE", None)]
     assert lost_node not in node_names(kube_world)
     # The relaunch runs on the healthy nodes.
     second_pods = eventually(lambda: pods_by_node(kube_world, f"job-{job.id}-a2", 2),

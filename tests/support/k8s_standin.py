@@ -3,9 +3,9 @@
 
 - faults injected into one request: a 429 with the server's Retry-After on a
   Secret create (API Priority and Fairness admits a lone request even at
-  zero concurrency), and a watch's ERROR events (410 Gone, 500),
-  test_kubernetes_provider.py (the provider watches without a
-  resourceVersion, so the real server never answers it with 410);
+  zero concurrency), and an informer's watch ending in an ERROR event (410
+  Gone, which the real server sends only once etcd compacted the history
+  the watch resumes from, minutes on; 500), test_kubernetes_provider.py;
 - Volcano's PodGroups (the Go module proxy refuses every version of
   volcano.sh/volcano, so it cannot be built here) and kubelet states kwok
   has no stage for

@@ -39,10 +39,10 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from controlplane.lib.errors import TemporaryError
+from controlplane.lib.errors import PermanentError, TemporaryError
 
 from . import reachability
-from .errors import unanswered
+from .errors import classify, unanswered
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,10 @@ log = logging.getLogger(__name__)
 WATCH_S = 60
 WATCH_SLACK_S = 15
 RESYNC_S = 600.0
+# A watch the server ends this soon having sent nothing (client-go's
+# reflector calls it a "very short watch") is asked again after a back-off:
+# looping on it at once would hammer a server that closes every watch.
+SHORT_WATCH_S = 1.0
 PAGE = 500
 # An informer nobody read for this long stops (a cluster deleted, a test's
 # stand-in server gone); the next read starts it again.
@@ -100,8 +104,12 @@ class Informer:
         self._tombstones: OrderedDict[str, tuple[float, dict]] = OrderedDict()
         self._rv: str | None = None
         self._synced = threading.Event()
+        self._tried = threading.Event()  # the first list came back or failed
         self._stop = threading.Event()
         self._broken = ""  # why the last list or watch failed; "" while it answers
+        # The last failure in its class (errors.classify): a PermanentError (a
+        # 403: the account may not list or watch the kind) is raised as such.
+        self._broken_as: BaseException | None = None
         self._last_read = clock()
         self._last_list = 0.0
         self.lists = 0  # how many full lists it made (the bench reads it)
@@ -131,7 +139,12 @@ class Informer:
     def _fresh(self) -> None:
         self._last_read = self._clock()
         what = f"read {self.resource.name}"
-        if not self._synced.wait(self.timeout[1]):
+        # Until its first list came back or failed: a refusal (403) is said at
+        # once, not after a timeout.
+        self._tried.wait(self.timeout[1])
+        if isinstance(self._broken_as, PermanentError):
+            raise PermanentError(f"{what}: {self._broken_as}")
+        if not self._synced.is_set():
             raise TemporaryError(f"{what}: its first list has not come back "
                                  f"({self._broken or 'no answer yet'})", delay=2.0)
         if self._broken:
@@ -148,7 +161,7 @@ class Informer:
 
     # --- the loop ---------------------------------------------------------------
     def _run(self) -> None:
-        failures = 0
+        failures = short = 0
         while not self._stop.is_set():
             if self._clock() - self._last_read > IDLE_STOP_S:
                 log.info("informer %s stopped: not read for %.0f s", self.resource.name,
@@ -157,8 +170,13 @@ class Informer:
             try:
                 if self._rv is None or self._clock() - self._last_list > RESYNC_S:
                     self._relist()
-                self._watch()
-                failures = 0
+                if self._watch():
+                    failures = short = 0
+                else:
+                    # Not a failure (the cache is as fresh as the server says),
+                    # but no reason to ask again at once either.
+                    short += 1
+                    self._stop.wait(min(30.0, 0.5 * 2 ** (short - 1)))
             except Gone:
                 self._rv = None  # relist at once
             except ApiException as exc:
@@ -167,6 +185,7 @@ class Informer:
                     # an empty cache that is never wrong.
                     self.missing = True
                     self._synced.set()
+                    self._tried.set()
                     return
                 failures = self._failed(exc, failures)
             except Exception as exc:  # noqa: BLE001 - kept going; reads see it broken
@@ -175,6 +194,8 @@ class Informer:
     def _failed(self, exc: Exception, failures: int) -> int:
         failures += 1
         self._broken = f"{type(exc).__name__}: {exc}"[:300]
+        self._broken_as = classify(exc, f"list or watch {self.resource.name}")
+        self._tried.set()
         if unanswered(exc):
             self.reach.failed(self._broken)
         else:
@@ -207,8 +228,12 @@ class Informer:
         self.lists += 1
         self._answered()
         self._synced.set()
+        self._tried.set()
 
-    def _watch(self) -> None:
+    def _watch(self) -> bool:
+        """Follow the watch until the server ends it; False when it ended at
+        once having sent nothing (SHORT_WATCH_S)."""
+        started, lines = self._clock(), 0
         resp = self.resource.list_fn(
             watch=True, resource_version=self._rv, allow_watch_bookmarks=True,
             timeout_seconds=WATCH_S, _preload_content=False,
@@ -216,16 +241,19 @@ class Informer:
         self._answered()
         try:
             for line in iter_resp_lines(resp):
+                lines += 1
                 if self._stop.is_set():
-                    return
+                    return True
                 self._apply(json.loads(line))
                 if self._clock() - self._last_list > RESYNC_S:
-                    return
+                    return True
         finally:
             resp.release_conn()
+        return lines > 0 or self._clock() - started >= SHORT_WATCH_S
 
     def _answered(self) -> None:
         self._broken = ""
+        self._broken_as = None
         self.reach.answered()
 
     def _apply(self, event: dict) -> None:
