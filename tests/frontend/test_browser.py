@@ -6,10 +6,12 @@ import pytest
 import requests
 from django.conf import settings
 from django.contrib.sessions.models import Session
+from playwright.sync_api import expect
 
 from accounts.models import ApiToken
 from checkpoints.models import Checkpoint
 from jobs.models import JobAttempt, Phase, TrainingJob
+from tests.support.waiting import eventually
 
 from .browser import shot
 from .factories import checkpoint, metrics, rich_job, run
@@ -59,8 +61,7 @@ def test_a_job_submitted_through_the_api_appears_charts_and_can_be_cancelled(
     checkpoint(job, attempt, 100)
     checkpoint(job, attempt, 200)
     # The list follows the phase change without a reload.
-    page.wait_for_function(
-        f"document.querySelector('tr[data-job=\"{job_id}\"] .pill').textContent === 'running'")
+    expect(page.locator(f'tr[data-job="{job_id}"] .pill').first).to_have_text("running")
     shot(page, "jobs")
 
     page.goto(f"{live_server.url}/jobs/{job_id}/")
@@ -107,7 +108,7 @@ def test_the_job_page_marks_restarts_and_updates_live(open_page, live_server, ow
     assert "attempt 2" in page.text_content("#chart-loss .annotation")
     assert page.text_content("#job-phase") == "running"
     job.transition(Phase.SUCCEEDED, reason="Finished", message="all ranks exited 0")
-    page.wait_for_function("document.querySelector('#job-phase').textContent === 'succeeded'")
+    expect(page.locator("#job-phase")).to_have_text("succeeded")
     assert "Finished" in page.inner_text("#job-events")
     # The actions follow the phase too: nothing left to cancel.
     page.wait_for_selector("#cancel-job:disabled")
@@ -257,8 +258,9 @@ def test_an_moe_job_s_page_draws_its_expert_load_as_a_heatmap_by_layer(
     assert data["z"][3][-1] == pytest.approx(0.25)
     assert "2.0%" in page.inner_text("#moe-dropped")
     page.select_option("#moe-layer", "1")
-    page.wait_for_function(
-        "document.getElementById('chart-moe').data[0].z[3].slice(-1)[0] > 0.29")
+    eventually(lambda: page.evaluate(
+        "document.getElementById('chart-moe').data[0].z[3].slice(-1)[0]") > 0.29,
+        timeout=15, interval=0.2, what="the heatmap redrawn for layer 1")
     shot(page, "job-moe")
 
     page.goto(f"{live_server.url}/jobs/{dense.pk}/")
