@@ -18,13 +18,14 @@
 # Argument: the seconds this script may take in all (default 570).
 # A dry run off the GPU (docs/performance.md): PYTHON=<a Python with torch
 # and none of the control plane> PRODUCT_ARGS="--allow-cpu --model tiny"
-# DEMO_DEVICES=cpu bash bench/gpu_session.sh
+# DEMO_DEVICES=cpu WHEELS=<wheels for that Python> bash bench/gpu_session.sh
 set -u
 T0=$(date +%s)
 BUDGET=${1:-570}
 PY=${PYTHON:-python3}
 OUT=${OUT:-$(mktemp -d)}
 SITE=${SITE:-/tmp/site}
+WHEELS=${WHEELS:-.whl}  # the control plane's wheels for this Python
 PRODUCT_LIMIT_S=${PRODUCT_LIMIT_S:-190}
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -33,7 +34,7 @@ say() { echo "$*" | tee -a "$OUT/session.txt"; }
 
 # The control plane's wheels install while the machine is probed (CPU only).
 ( $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$SITE" .whl/*.whl > /tmp/pip.txt 2>&1; echo "pip exit $?" >> /tmp/pip.txt ) &
+    --target "$SITE" "$WHEELS"/*.whl > /tmp/pip.txt 2>&1; echo "pip exit $?" >> /tmp/pip.txt ) &
 PIP=$!
 {
   date -u
