@@ -172,8 +172,8 @@ class Demo:
             txt.write(json.dumps(self.figures, indent=1).encode() + b"\n")
             if self.dumped:
                 txt.write(self.dumped.encode(errors="replace"))
-            for path in [self.console, self.state / "logs" / "regatta.log",
-                         *sorted((self.state / "fleet").glob("local/attempts/*/node-*/stdout.log"))]:
+            ranks = sorted((self.state / "fleet").glob("local/attempts/*/node-*/stdout.log"))
+            for path in [self.console, self.state / "logs" / "regatta.log", *ranks]:
                 if path.exists():
                     txt.write(f"\n==> {path.relative_to(self.state)}\n".encode())
                     txt.write(path.read_bytes()[-2**18:])
