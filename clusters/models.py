@@ -158,7 +158,9 @@ class Node(models.Model):
     STATE_FIELD, STATE_KIND = "state", "node"
     # Which states each transition may start from.
     TRANSITIONS = {
-        State.READY: {State.PROVISIONING, State.CORDONED},
+        # Back from failed or replaced only through a return to service,
+        # once a health check passed (clusters/reconcile/returns.py).
+        State.READY: {State.PROVISIONING, State.CORDONED, State.FAILED, State.REPLACED},
         State.CORDONED: {State.READY, State.DRAINING, State.FAILED, State.PROVISIONING},
         State.DRAINING: {State.READY, State.CORDONED},
         State.FAILED: {State.PROVISIONING, State.READY, State.CORDONED, State.DRAINING},
@@ -173,6 +175,9 @@ class Node(models.Model):
     WORKING = (State.PROVISIONING, State.READY)
     # Leaving service for cause: a node back from these passes a check again.
     OUT_OF_SERVICE = (State.CORDONED, State.FAILED, State.DRAINING, *RETIRED)
+    # Out for cause and not gone from the provider: may return to service
+    # once a health check passes (clusters/reconcile/returns.py).
+    RETURNABLE = (State.CORDONED, State.FAILED, State.REPLACED)
 
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="nodes")
     pool = models.ForeignKey(NodePool, on_delete=models.CASCADE, related_name="nodes")
@@ -226,6 +231,26 @@ class Node(models.Model):
     # When the provider let the retired machine go once its drain was done
     # (an Auto Scaling termination hook completed); None while still owed.
     released_at = models.DateTimeField(null=True, blank=True)
+    # The scheduler's own hold on the node that Regatta follows (an admin's
+    # drain in Slurm, a kubectl cordon: NodeInfo.admin_hold), as last seen;
+    # "" when none. The node is cordoned for it and comes back when it lifts.
+    admin_hold = models.CharField(max_length=300, blank=True)
+    # Since when the provider has reported the node not ready: it fails only
+    # once that lasted the cluster's `node_failure_grace_s` (a scheduler's
+    # restart or a brief UNKNOWN is no failure); None while it is ready.
+    not_ready_since = models.DateTimeField(null=True, blank=True)
+    # Out of service, the node was seen held or down at the provider since
+    # it left: its turning available there later is its owner mending and
+    # resuming it, which starts a return to service.
+    provider_held = models.BooleanField(default=False)
+    # A return to service under way (asked by an operator, or the provider
+    # showed the node back): the cluster pass checks the node, and it is
+    # ready again only if the check passes (clusters/reconcile/returns.py).
+    return_requested_at = models.DateTimeField(null=True, blank=True)
+    return_requested_by = models.CharField(max_length=150, blank=True)
+    # The keys of the continuous health signals (HealthSignal.continuous)
+    # the last pass saw on the node: a key not among them is a new spell.
+    active_signals = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -320,6 +345,24 @@ class Node(models.Model):
             evidence=evidence or {}, created_at=event_time(now),
         )
 
+    def request_return(self, *, actor: str, reason: str, now=None) -> "NodeEvent | None":
+        """Mark the node for a return to service; the cluster pass checks it
+        and puts it back (clusters/reconcile/returns.py). None when a return
+        is under way already, or the node is not out for cause, or it is
+        held by the scheduler's admin."""
+        now = now or timezone.now()
+        changed = Node.objects.filter(
+            pk=self.pk, state__in=self.RETURNABLE, return_requested_at__isnull=True,
+            admin_hold="",
+        ).update(return_requested_at=now, return_requested_by=actor)
+        if not changed:
+            return None
+        self.refresh_from_db()
+        return NodeEvent.objects.create(
+            node=self, from_state=self.state, to_state=self.state, actor=actor,
+            reason=f"{RETURN_ASKED}: {reason}; it returns once a health check passes"[:300],
+            created_at=event_time(now))
+
     def cordon(self, reason, **kw):
         return self.transition(self.State.CORDONED, reason=reason, **kw)
 
@@ -328,6 +371,9 @@ class Node(models.Model):
 
     def drain(self, reason, **kw):
         return self.transition(self.State.DRAINING, reason=reason, **kw)
+
+
+RETURN_ASKED = "return to service asked"
 
 
 class NodeEvent(models.Model):

@@ -59,7 +59,8 @@ class NodeSerializer(serializers.ModelSerializer):
         fields = ("id", "name", "cluster", "pool", "provider_id", "address", "state",
                   "state_reason", "state_changed_at", "is_spare", "gpus", "labels",
                   "last_heartbeat_at", "failure_count", "ready_seconds", "replace_requested_at",
-                  "replaces", "preflight_passed_at", "created_at")
+                  "replaces", "preflight_passed_at", "admin_hold", "not_ready_since",
+                  "return_requested_at", "provider_status", "created_at")
         read_only_fields = fields
 
 

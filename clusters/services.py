@@ -5,7 +5,7 @@ the cluster reconciler to look now rather than at its next sweep."""
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.lib.errors import IllegalTransition, PermanentError
+from controlplane.lib.errors import IllegalTransition, PermanentError, Refused
 from controlplane.lib.tasks import RECONCILE_CLUSTER
 
 from .models import Cluster, Node, NodeEvent
@@ -59,6 +59,27 @@ def request_replacement(node: Node, user, reason: str = "", now=None) -> NodeEve
             node=node, from_state=node.state, to_state=node.state, actor=_actor(user),
             reason=_reason("replacement requested", user, reason)[:300], created_at=now,
         )
+        RECONCILE_CLUSTER.soon(node.cluster_id)
+    return event
+
+
+def return_to_service(node: Node, user, reason: str = "", now=None) -> NodeEvent | None:
+    """Put a mended node back: the cluster reconcile lifts Regatta's hold at
+    the provider, checks the node, and returns it to service only if the
+    check passes (clusters/reconcile/returns.py). Idempotent: asking again
+    while a return is under way writes nothing and returns None."""
+    now = now or timezone.now()
+    node.refresh_from_db()
+    if node.admin_hold:
+        raise Refused(f"{node.name} is held by the scheduler's admin ({node.admin_hold}): "
+                      "lift that hold there, and Regatta brings the node back")
+    if node.state not in Node.RETURNABLE:
+        raise IllegalTransition("node", node.name, node.state, "return to service")
+    if node.return_requested_at is not None:
+        return None
+    with transaction.atomic():
+        event = node.request_return(actor=_actor(user), now=now,
+                                    reason=_reason("asked", user, reason))
         RECONCILE_CLUSTER.soon(node.cluster_id)
     return event
 

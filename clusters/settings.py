@@ -70,10 +70,25 @@ class ClusterSettings:
     # wait this long for the root cause before calling the failure transient.
     root_cause_grace_s: float = setting(5.0, "wait for a failure's root cause", minimum=0)
     # A rank that dies on a node with no sign from the node is relaunched in
-    # place (jobs/reconcile/rank_death.py); a second death on the same node
-    # within this window is the node's evidence against itself.
+    # place (jobs/recovery/); a second death on the same node within this
+    # window makes the node a suspect, checked before the relaunch uses it.
     process_repeat_window_s: float = setting(
-        3600.0, "a rank death on a node where one died this recently is the node's fault",
+        3600.0, "a rank death on a node where one died this recently makes it a suspect, "
+        "health-checked before it is used again", minimum=0)
+    # The job's own failures (the same error again and again) end the job,
+    # not the fleet (jobs/recovery/).
+    crash_loop_failures: int = setting(
+        3, "failures in a row with the same signature (exit, signal, error line) after which "
+        "a job ends failed with its error", minimum=2)
+    max_nodes_retired_by_job: int = setting(
+        1, "nodes one job's failures may take out of service on the job's own evidence "
+        "(silent ranks, a rank dying there again) before its failures blame no node; "
+        "evidence from the fleet itself (the scheduler, a health event) is not bounded",
+        minimum=0)
+    # The scheduler's view of a node (clusters/reconcile/nodes.py).
+    node_failure_grace_s: float = setting(
+        30.0, "a node the provider reports not ready fails only once that lasted this long "
+        "(a scheduler's restart, a brief UNKNOWN or NodeStatusUnknown is no failure)",
         minimum=0)
     transient_backoff_s: float = setting(2.0, "first delay before a transient retry",
                                          minimum=0)

@@ -15,6 +15,7 @@ urlpatterns = [
     path("nodes/<int:pk>/uncordon/", views.UncordonView.as_view(), name="node-uncordon"),
     path("nodes/<int:pk>/drain/", views.DrainView.as_view(), name="node-drain"),
     path("nodes/<int:pk>/replace/", views.ReplaceView.as_view(), name="node-replace"),
+    path("nodes/<int:pk>/return/", views.ReturnView.as_view(), name="node-return"),
     path("nodes/<int:pk>/faults/", views.FaultView.as_view(), name="node-faults"),
     path("health-events/", views.HealthEventListView.as_view(), name="health-event-list"),
 ]

@@ -3,11 +3,12 @@
 import django_filters
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework import generics, serializers, status
+from rest_framework import generics, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.permissions import IsOperator, IsPerson
+from controlplane.lib.api import Conflict
 from controlplane.lib.errors import PermanentError
 
 from . import services
@@ -141,19 +142,30 @@ class ReplaceView(NodeActionView):
     operation = staticmethod(services.request_replacement)
 
 
+class ReturnView(NodeActionView):
+    """Return a cordoned, failed or replaced node to service once it passes
+    a health check (409 for a node in any other state, or held by the
+    scheduler's admin)."""
+
+    operation = staticmethod(services.return_to_service)
+
+
 class FaultView(APIView):
     """Inject a fault into a node of a local cluster (demos and tests)."""
 
     permission_classes = [IsPerson, IsOperator]
 
-    @extend_schema(request=FaultValidator, responses={202: OpenApiResponse()})
+    @extend_schema(request=FaultValidator, responses={
+        202: OpenApiResponse(),
+        409: OpenApiResponse(description="The node cannot take this fault now: its cluster is "
+                                         "not a local one, or it runs no ranks to kill.")})
     def post(self, request, pk):
         node = get_object_or_404(Node.objects.select_related("cluster", "pool__cluster"), pk=pk)
         body = FaultValidator(data=request.data)
         body.is_valid(raise_exception=True)
         try:
             result = services.inject_fault(node, body.validated_data["kind"])
-        except PermanentError as exc:
-            raise serializers.ValidationError({"kind": [str(exc)]}) from exc
+        except PermanentError as exc:  # the node's state, not the request's
+            raise Conflict(str(exc)) from exc
         return Response({"node": node.name, "kind": body.validated_data["kind"],
                          "result": result}, status=status.HTTP_202_ACCEPTED)

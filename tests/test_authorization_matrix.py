@@ -122,6 +122,8 @@ ENDPOINTS = [
     ("post", "/api/v1/nodes/{w.node.pk}/uncordon/", None, operator_only(200)),
     ("post", "/api/v1/nodes/{w.node.pk}/drain/", None, operator_only(200)),
     ("post", "/api/v1/nodes/{w.node.pk}/replace/", None, operator_only(200)),
+    # A ready node has nothing to return from: operators get the 409.
+    ("post", "/api/v1/nodes/{w.node.pk}/return/", None, operator_only(409)),
     # An unknown kind: operators pass the permission check and reach validation.
     ("post", "/api/v1/nodes/{w.node.pk}/faults/", {"kind": "meteor"}, operator_only(400)),
     ("get", "/api/v1/checkpoints/{w.checkpoint.pk}/", None, member_only(200)),

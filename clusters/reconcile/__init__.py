@@ -23,12 +23,15 @@ from ..workload import jobs_on_node
 from .nodes import account_ready_time, hold_spares, keep_spares, send_drain, sync_pool
 from .promotion import fill_vacancies
 from .replacement import ask_owed_replacements, replace_node, take_out
+from .returns import check_one_return
 from .scaling import CONDITION as SCALING_CONDITION
 from .scaling import conditions as scaling_conditions
 from .scaling import release_retired, watch_scaling
 from .spares import check_one_spare
 
 log = logging.getLogger(__name__)
+# (cluster, pool, message) already warned of in this process.
+_SPARES_NOT_PROVISIONED: set[tuple] = set()
 
 __all__ = ["CLUSTERS", "due_cluster_ids", "reconcile_cluster_unlocked", "reconcile_cluster_locked"]
 
@@ -62,6 +65,7 @@ def reconcile_cluster_unlocked(cluster_id: int, now=None) -> Result:
         info = pool_info(pool)
         sync_pool(pool, provider, info, now)
         _record_health(pool, provider.health_signals(info), now)
+        _take_out_idle_with_open_events(pool, now)
         _close_events_of_retired_nodes(pool, now)
         _carry_out_drains(pool, provider, info, now)
         # How earlier asks for capacity went, before asking more.
@@ -76,13 +80,19 @@ def reconcile_cluster_unlocked(cluster_id: int, now=None) -> Result:
             keep_spares(pool, provider, info, now)
         except (PermanentError, TemporaryError) as exc:
             # A pool that cannot grow now must not stop admission on the rest.
-            log.warning("cluster %s pool %s: spares not provisioned: %s",
-                        cluster.name, pool.name, exc)
+            # Said once per pool and reason: a pool with no way to add nodes
+            # (no asg_name, no Karpenter) would otherwise warn every pass.
+            said = (cluster.id, pool.id, str(exc))
+            (log.debug if said in _SPARES_NOT_PROVISIONED else log.warning)(
+                "cluster %s pool %s: spares not provisioned: %s", cluster.name, pool.name, exc)
+            _SPARES_NOT_PROVISIONED.add(said)
         hold_spares(pool, provider, info)
     account_ready_time(cluster, now)
     if _capacity(cluster) != capacity:
         ADMIT_CLUSTER.soon(cluster.id)
-    # Last: admission must not wait for a spare's check.
+    # Last: admission must not wait for a node's check. A node coming back
+    # to service first: it is capacity the pool lacks, a spare is not.
+    check_one_return(cluster, pools, provider, now)
     check_one_spare(cluster, pools, provider, now)
     interval = cluster.config.reconcile_interval
     Cluster.objects.filter(pk=cluster.pk).update(
@@ -137,6 +147,7 @@ def _capacity(cluster) -> set[tuple[int, int]]:
 
 
 def _record_health(pool, signals, now) -> None:
+    spells = _new_spells(pool, signals, now)
     if not signals:
         return
     nodes = {n.name: n for n in Node.objects.filter(pool=pool, name__in={s.node for s in signals})}
@@ -145,6 +156,12 @@ def _record_health(pool, signals, now) -> None:
         if node is None:
             continue
         key = signal.key or f"{signal.node}:{signal.kind}:{signal.message}"
+        if signal.continuous:
+            if (node.id, key) not in spells:
+                continue  # the same spell as the last pass saw
+            # Each spell is an event of its own: a node that shows the same
+            # condition a second time, after it cleared, fails again.
+            key = f"{key}@{now.isoformat()}"
         if NodeHealthEvent.objects.filter(node=node, evidence__key=key).exists():
             continue
         event = NodeHealthEvent.objects.create(
@@ -169,6 +186,46 @@ def _record_health(pool, signals, now) -> None:
             take_out(node, f"{signal.kind}: {signal.message}", evidence, now,
                      replace_reason=f"replaced after {signal.kind}: {signal.message}"[:300])
         NodeHealthEvent.objects.filter(pk=event.pk).update(handled_at=now)
+
+
+def _new_spells(pool, signals, now) -> set[tuple[int, str]]:
+    """The continuous signals (HealthSignal.continuous) that began since the
+    last pass, as (node id, key); each node's set of live ones is kept on
+    its row, written only where it changed."""
+    live: dict[str, set[str]] = {}
+    for signal in signals:
+        if signal.continuous:
+            live.setdefault(signal.node, set()).add(signal.key)
+    rows = Node.objects.filter(pool=pool).filter(
+        Q(name__in=list(live)) | ~Q(active_signals=[])).only("id", "name", "active_signals")
+    began = set()
+    for row in rows:
+        now_live = live.get(row.name, set())
+        before = set(row.active_signals or ())
+        began |= {(row.id, key) for key in now_live - before}
+        if now_live != before:
+            Node.objects.filter(pk=row.pk).update(active_signals=sorted(now_live))
+    return began
+
+
+def _take_out_idle_with_open_events(pool, now) -> None:
+    """A critical event left open on a node in service was left for the job
+    that ran there (`_record_health`); once no job runs there any more (its
+    attempt ended for another cause first), the node leaves service for it
+    here, as an idle node would have at once, rather than failing the next
+    job placed on it."""
+    open_events = NodeHealthEvent.objects.filter(
+        node__pool=pool, node__state=Node.State.READY, handled_at__isnull=True,
+        severity=NodeHealthEvent.Severity.CRITICAL,
+    ).exclude(kind=NodeHealthEvent.Kind.SPOT_NOTICE).select_related("node").order_by("id")
+    for event in open_events:
+        node = event.node
+        if jobs_on_node(node.id):
+            continue
+        take_out(node, f"{event.kind}: {event.message}"[:300],
+                 {"health_event": event.id, "kind": event.kind}, now,
+                 replace_reason=f"replaced after {event.kind}: {event.message}"[:300])
+        NodeHealthEvent.objects.filter(node=node, handled_at__isnull=True).update(handled_at=now)
 
 
 def _close_events_of_retired_nodes(pool, now) -> None:

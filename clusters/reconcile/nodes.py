@@ -11,6 +11,7 @@ from clusters.models import Node, NodeEvent, NodePool
 from controlplane.lib.bulk import insert_rows
 from controlplane.lib.transitions import event_time
 
+from .follow import follow
 from .scaling import check_backoff, note_asked
 
 log = logging.getLogger(__name__)
@@ -21,6 +22,7 @@ def sync_pool(pool, provider, info, now) -> None:
     rows = {n.name: n for n in Node.objects.filter(cluster_id=pool.cluster_id, pool=pool)}
     _found(pool, [seen for name, seen in reported.items() if name not in rows], now)
     _keep_provider_status(rows, reported)
+    grace = pool.cluster.config.node_failure_grace_s
     # Rows were read as the pass began: a job's pass may have moved a node
     # since (cordoned and replaced it), and then what was seen is moot.
     for name, row in rows.items():
@@ -28,14 +30,11 @@ def sync_pool(pool, provider, info, now) -> None:
         if seen is None:
             if row.state not in Node.RETIRED:
                 row.transition(Node.State.TERMINATED, reason="no longer at the provider", now=now)
-        elif row.state == Node.State.PROVISIONING and seen.ready:
+            continue
+        if row.state == Node.State.PROVISIONING and seen.ready:
             row.transition(Node.State.READY, reason="provider reports it ready", now=now,
                            still_in=(Node.State.PROVISIONING,))
-        elif row.state == Node.State.READY and not seen.ready:
-            if row.transition(Node.State.FAILED, reason="provider reports it not ready", now=now,
-                              evidence={"conditions": seen.conditions},
-                              still_in=(Node.State.READY,)):
-                Node.objects.filter(pk=row.pk).update(failure_count=F("failure_count") + 1)
+        follow(row, seen, grace, now)
 
 
 def _keep_provider_status(rows: dict, reported: dict) -> None:

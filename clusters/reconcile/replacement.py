@@ -50,7 +50,7 @@ def cordon_with_evidence(node: Node, reason: str, evidence: dict, now, *,
     (the report counted it)."""
     cordoned = _cordon_row(node, reason, evidence, now, health_kind, count_failure)
     if cordoned:
-        _cordon_at_provider(node)
+        cordon_at_provider(node)
     return cordoned
 
 
@@ -76,7 +76,7 @@ def take_out(node: Node, reason: str, evidence: dict, now, *, replace_reason: st
         cordoned = _cordon_row(node, reason, evidence, now, health_kind, count_failure)
         claimed = _claim(node, replace_reason, now)
     if cordoned:
-        _cordon_at_provider(node)
+        cordon_at_provider(node)
     spare = successor_of(node)
     if not claimed:
         return TakenOut(cordoned, spare, None)
@@ -108,11 +108,15 @@ def _cordon_row(node: Node, reason: str, evidence: dict, now, health_kind: str |
     return True
 
 
-def _cordon_at_provider(node: Node) -> None:
+def cordon_at_provider(node: Node) -> None:
     try:
         get_provider(node.cluster).cordon(pool_info(node.pool), node.name)
     except Exception as exc:  # the row is the truth; the provider catches up next pass
         log.warning("provider cordon of %s failed: %s", node.name, exc)
+        return
+    # Held there by Regatta itself: the node turning available at the
+    # provider from now on is its owner resuming it (follow.py).
+    Node.objects.filter(pk=node.pk).update(provider_held=True)
 
 
 def _claim(node: Node, reason: str, now) -> bool:
@@ -174,9 +178,11 @@ def _ask_provider(node: Node, reason: str, now) -> Node | None:
                                  evidence={"error": str(exc)[:1000]}, created_at=now)
         return None
     # Only the ask this pass made is settled: a later one keeps its own mark.
+    # The machine is the provider's to retire or to keep drained (Slurm):
+    # held either way, so its turning available later is a mend.
     Node.objects.filter(pk=node.pk, replace_requested_at=asked_at).update(
         replace_requested_at=None, replace_error="", replace_failed_at=None,
-        replace_failures=0)
+        replace_failures=0, provider_held=True)
     note_asked(pool, now)
     NodeEvent.objects.create(node=node, from_state=node.state, to_state=node.state,
                              # Said apart from the spare promoted into its place

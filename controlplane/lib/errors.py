@@ -21,6 +21,12 @@ class PermanentError(RegattaError):
     """Retrying will not help (403, 422, a bad setting)."""
 
 
+class CannotRun(PermanentError):
+    """The scheduler says the job can never run as asked (Slurm's "Requested
+    node configuration is not available", a workload its controller refuses
+    for good): the job ends with the scheduler's words, not a retry loop."""
+
+
 class IllegalTransition(RegattaError):
     """A state change asked from a state that does not allow it (API: 409)."""
 

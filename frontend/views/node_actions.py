@@ -10,7 +10,7 @@ from django.views.decorators.http import require_POST
 from clusters import services
 from clusters.models import Node
 from clusters.providers.base import FaultKind
-from controlplane.lib.errors import IllegalTransition, RegattaError
+from controlplane.lib.errors import IllegalTransition, Refused, RegattaError
 from frontend import scoping
 
 ACTIONS = {
@@ -18,6 +18,7 @@ ACTIONS = {
     "uncordon": services.uncordon,
     "drain": services.drain,
     "replace": services.request_replacement,
+    "return": services.return_to_service,
 }
 REASON_MAX = 250
 
@@ -43,6 +44,8 @@ def node_action(request, pk: int, action: str):
         event = ACTIONS[action](node, request.user, reason)
     except IllegalTransition as exc:
         messages.error(request, f"Cannot {action} {node.name}: it is {exc.current}.")
+    except Refused as exc:
+        messages.error(request, str(exc))
     else:
         if event is None:
             messages.info(request, f"{node.name}: nothing to do, already {action}ed.")

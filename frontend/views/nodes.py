@@ -22,6 +22,7 @@ NODE_ACTIONS = [
     ("uncordon", "Uncordon", "ghost", Node.State.READY),
     ("drain", "Drain", "ghost", Node.State.DRAINING),
     ("replace", "Replace", "danger", None),
+    ("return", "Return to service", "ghost", None),
 ]
 
 
@@ -29,9 +30,17 @@ def node_actions(node: Node) -> list[tuple[str, str, str]]:
     """The actions the node's state allows, so no button leads to a refusal."""
     out = []
     for action, label, css, target in NODE_ACTIONS:
-        if target is None:
+        if action == "return":
+            # A mended node back after a health check (clusters/reconcile/
+            # returns.py); an admin's hold is lifted where it was put.
+            if (node.state in Node.RETURNABLE and node.return_requested_at is None
+                    and not node.admin_hold):
+                out.append((action, label, css))
+        elif target is None:
             if node.state not in Node.RETIRED and node.replace_requested_at is None:
                 out.append((action, label, css))
+        elif action == "uncordon" and node.state != Node.State.CORDONED:
+            continue  # failed or replaced: back only through a return to service
         elif node.state != target and node.state in Node.TRANSITIONS[target]:
             out.append((action, label, css))
     return out

@@ -23,7 +23,8 @@ from controlplane.lib.reconcile import Result
 from jobs import admission, evals, goodput
 from jobs.checkpointing import interval as checkpoint_interval
 from jobs.checkpointing import open_job_storage
-from jobs.reconcile import drain, failures, finish, launch, preemption, rank_death, startup, waiting
+from jobs.reconcile import drain, failures, finish, launch, preemption, startup, waiting
+from jobs.recovery import evidence
 from jobs.worker_api import undelivered
 
 from ..models import NO_HEARTBEATS, JobAttempt, Phase, RankStatus, TrainingJob
@@ -178,13 +179,17 @@ def _watch(ctx: Ctx) -> Result:
         result = drain.check(ctx, attempt)
         if result is not None:
             return _relaunch_now(ctx, result)
+        held = waiting.on_held_nodes(ctx, attempt)
+        if held is not None:
+            return _relaunch_now(ctx, failures.handle(ctx, attempt, held))
         return waiting.note(ctx, attempt, found.waits)
     waiting.clear(ctx, attempt)
     if found.wait_for_root_cause:
         return Result.after(0.5, "waiting for the root cause")
     if found.failure is not None:
-        # A killed rank takes its node out only on the node's own evidence.
-        failure = rank_death.settle(ctx, attempt, found.failure)
+        # A killed or silent rank takes its node out only on the node's own
+        # evidence (jobs/recovery/evidence.py).
+        failure = evidence.attribute(ctx, attempt, found.failure)
         return _relaunch_now(ctx, failures.handle(ctx, attempt, failure))
     if status.state == "succeeded":
         return finish.succeed(ctx, attempt)

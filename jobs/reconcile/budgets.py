@@ -28,6 +28,9 @@ from jobs.models import DEFAULT_RESTART_BUDGETS, FailureClass
 NODE_CLASSES = (FailureClass.HARDWARE, FailureClass.PREEMPTED, FailureClass.HANG)
 # The `source` of a preemption by the cluster's gang scheduler (detect.py).
 GANG_SCHEDULER = "gang_scheduler"
+# The `source` of a gang moved off a node its scheduler's admin took out
+# before it started (waiting.py): the node's, confirmed by the scheduler.
+SCHEDULER_HOLD = "scheduler_hold"
 # Unconfirmed node failures in a row, each on nodes with no failure before,
 # after which the job is taken to be the cause.
 FRESH_NODE_STREAK = 3

@@ -18,6 +18,7 @@ from datetime import datetime
 
 from clusters.models import NodeHealthEvent
 from controlplane.lib import receiver
+from jobs.recovery import signature
 
 from ..models import FailureClass, JobAttempt, JobEvent, RankStatus
 from . import budgets
@@ -29,10 +30,18 @@ PREEMPTED_EXIT = 83
 TRANSIENT_EXIT = 84
 
 # A node's class, from what its processes left behind. KILLED is a node
-# whose ranks did not end by themselves: the hardware class of the attempt.
-CODE, KILLED, PREEMPTED, TRANSIENT = "code", "killed", "preempted", "transient"
-# Root cause first: the first class any node has is the attempt's.
-PRECEDENCE = (CODE, KILLED, PREEMPTED, TRANSIENT)
+# whose ranks did not end by themselves: the hardware class of the attempt
+# (until the node's own evidence is weighed: jobs/recovery/evidence.py).
+# PROGRAM is a program that reports nothing of itself (no SDK) and failed:
+# a rank exited non-zero or crashed (SIGSEGV, SIGABRT), which is the
+# program's doing as far as anyone can tell.
+CODE, KILLED, PROGRAM, PREEMPTED, TRANSIENT = (
+    "code", "killed", "program", "preempted", "transient")
+# Root cause first: the first class any node has is the attempt's. A rank
+# SIGKILLed (the OOM killer, a lost node) makes its peers fail in turn: their
+# exits are collateral of the kill.
+PRECEDENCE = (CODE, KILLED, PROGRAM, PREEMPTED, TRANSIENT)
+SIGKILL = 9
 
 
 @dataclass
@@ -74,6 +83,10 @@ def node_class(proc, ranks_per_node: int) -> str | None:
     failed = proc.exit_code not in (0, None)
     if codes & CODE_EXITS:
         return CODE
+    if failed and not proc.ranks:
+        # Nothing of the program's own (no SDK): torchrun's report says how
+        # its ranks ended.
+        return _unreported(proc)
     if failed and len(proc.ranks) < ranks_per_node:
         # A rank of this node left no exit record beside its peers': it was
         # killed, and whatever its peers then exited with is collateral.
@@ -87,6 +100,18 @@ def node_class(proc, ranks_per_node: int) -> str | None:
     # The launcher failed and no rank wrote its exit record: the ranks did
     # not end by themselves, they were killed.
     return KILLED if failed else None
+
+
+def _unreported(proc) -> str:
+    """A failed node whose program wrote no exit records: KILLED when
+    torchrun says its first failed rank was SIGKILLed (the OOM killer, the
+    node going), else the program's own failure (an exit 1, a crash)."""
+    if proc.node_lost:
+        return KILLED
+    cause = signature.root_cause(proc.log_tail)
+    if cause is not None and cause.exit_code == -SIGKILL:
+        return KILLED
+    return PROGRAM
 
 
 def group_by_class(procs, ranks_per_node: int) -> dict[str, list]:
@@ -114,6 +139,8 @@ def root_cause(groups: dict[str, list], crashed_with_code: list[JobEvent],
                        replace=False)
     if groups[KILLED]:
         return _killed_failure(groups)
+    if groups[PROGRAM]:
+        return _program_failure(groups[PROGRAM])
     if groups[PREEMPTED]:
         procs = groups[PREEMPTED]
         return Failure(FailureClass.PREEMPTED, "ranks stopped after an emergency checkpoint",
@@ -131,21 +158,59 @@ def root_cause(groups: dict[str, list], crashed_with_code: list[JobEvent],
 
 
 def _code_failure(procs, crashed: list[JobEvent]) -> Failure:
-    detail = _first_error(procs) or (crashed[0].message if crashed else "")
+    error = _user_error(procs)
+    detail = (_first_error(procs) or (crashed[0].message if crashed else "")
+              or (error.line if error else ""))
     return Failure(FailureClass.CODE, f"the training program failed: {detail}".strip(),
                    nodes=[p.node for p in procs], exit_code=_exit(procs) or 1,
-                   evidence={**_evidence(procs), "crash_events": [e.id for e in crashed]},
+                   evidence={**_evidence(procs), "crash_events": [e.id for e in crashed],
+                             **({"error": error.as_evidence()} if error else {})},
                    replace=False)
+
+
+def _program_failure(procs) -> Failure:
+    """A program without the SDK failed by itself: the job's, relaunched in
+    place; no node is blamed for it (a crash loop ends it: jobs/recovery/)."""
+    first = procs[0]
+    error = _user_error(procs)
+    detail = f": {error.line}" if error else ""
+    return Failure(FailureClass.PROCESS,
+                   f"the program failed on {', '.join(p.node for p in procs)} "
+                   f"({_how(first)}){detail}"[:2000],
+                   nodes=[p.node for p in procs], exit_code=_exit(procs),
+                   evidence={**_evidence(procs), "program": True,
+                             **({"error": error.as_evidence()} if error else {})},
+                   replace=False)
+
+
+def _how(proc) -> str:
+    cause = signature.root_cause(proc.log_tail)
+    if cause is not None and cause.exit_code is not None:
+        rank = "" if cause.rank is None else f"rank {cause.rank} "
+        return (f"{rank}signal {-cause.exit_code}" if cause.exit_code < 0
+                else f"{rank}exit {cause.exit_code}")
+    return f"signal {proc.signal}" if proc.signal else f"exit {proc.exit_code}"
+
+
+def _user_error(procs) -> signature.UserError | None:
+    """The program's own error line, from the first node whose log shows one."""
+    for proc in procs:
+        found = signature.user_error(proc.log_tail)
+        if found is not None:
+            return found
+    return None
 
 
 def _killed_failure(groups: dict[str, list]) -> Failure:
     killed = groups[KILLED]
     names = [p.node for p in killed]
     collateral = [p.node for p in groups[TRANSIENT] + groups[PREEMPTED]]
+    error = _user_error(killed)
     return Failure(FailureClass.HARDWARE,
                    f"ranks on {', '.join(names)} were killed or lost ({_ended(killed[0])})",
                    nodes=names, exit_code=_exit(killed),
-                   evidence={**_evidence(killed), "collateral": collateral})
+                   evidence={**_evidence(killed), "collateral": collateral,
+                             **({"error": error.as_evidence()} if error else {})})
 
 
 def _ended(proc) -> str:

@@ -11,9 +11,9 @@ from clusters.reconcile.replacement import take_out
 from controlplane.lib.reconcile import Result
 from jobs import admission, goodput
 from jobs.reconcile import budgets
+from jobs.recovery import crash_loop, evidence
 
-from ..models import AttemptNode, FailureClass, JobAttempt, Phase
-from . import rank_death
+from ..models import FailureClass, JobAttempt, Phase
 from .common import Ctx
 from .detect import Failure, health_evidence
 
@@ -43,22 +43,29 @@ def handle(ctx: Ctx, attempt: JobAttempt, failure: Failure) -> Result:
         # Ranks that exit 83 because the control plane stopped them.
         failure.evidence["source"] = "control_plane_stop"
     # Read before taking the nodes out counts this failure against them.
-    fresh = on_fresh_nodes(ctx, attempt, failure)
+    fresh = on_fresh_nodes(ctx, failure)
     record_node_failures(ctx, attempt, failure)
-    if failure.cls == FailureClass.PROCESS:
-        rank_death.note(ctx, attempt, failure)
+    if failure.cls == FailureClass.PROCESS and not failure.evidence.get("program"):
+        # A rank killed with no sign from its node: the node remembers it.
+        # (A program that failed by itself says nothing about its nodes.)
+        evidence.note_rank_deaths(ctx, attempt, failure)
     if takes_nodes_out(failure):
         _take_out(ctx, attempt, failure)
     return decide_restart(ctx, attempt, failure, fallback_step, fresh=fresh)
 
 
-def on_fresh_nodes(ctx: Ctx, attempt: JobAttempt, failure: Failure) -> bool:
+def failed_nodes(ctx: Ctx, failure: Failure):
+    """The pool's nodes the failure names: where its ranks really ran, as the
+    provider observed them (a scheduler may place a rank elsewhere than
+    planned), not the attempt's plan."""
+    return Node.objects.filter(pool=ctx.pool, name__in=failure.nodes)
+
+
+def on_fresh_nodes(ctx: Ctx, failure: Failure) -> bool:
     """Whether every node the failure is pinned to had no failure on record."""
     if not failure.nodes:
         return False
-    counts = Node.objects.filter(
-        pk__in=AttemptNode.objects.filter(attempt=attempt, node__name__in=failure.nodes)
-        .values("node_id")).values_list("failure_count", flat=True)
+    counts = failed_nodes(ctx, failure).values_list("failure_count", flat=True)
     return bool(counts) and not any(counts)
 
 
@@ -93,7 +100,7 @@ def end_attempt(ctx: Ctx, attempt: JobAttempt, failure: Failure):
                        failure_class=failure.cls, failure_reason=failure.reason[:2000]):
         return ENDED_ALREADY
     if takes_nodes_out(failure):
-        _attach_health_events(attempt, failure)
+        _attach_health_events(ctx, failure)
     if failure.health_event_ids:
         NodeHealthEvent.objects.filter(pk__in=failure.health_event_ids).update(handled_at=now)
     rollback_s, fallback_step = _rollback_seconds(ctx, attempt, failure.failed_at or now)
@@ -115,6 +122,8 @@ def record_node_failures(ctx: Ctx, attempt: JobAttempt, failure: Failure) -> Non
     # A rank that died on a healthy node is not a failed node either.
     kind = {FailureClass.PREEMPTED: "NodePreempted",
             FailureClass.PROCESS: "RankDied"}.get(failure.cls, "NodeFailed")
+    if failure.cls == FailureClass.HANG and not failure.replace:
+        kind = "RanksSilent"  # a suspect, not a failed node (jobs/recovery/evidence.py)
     for node_evidence in per_node:
         ctx.job.record(kind, f"{node_evidence['node']}: {failure.reason}"[:500],
                        attempt=attempt, now=ctx.now,
@@ -127,6 +136,11 @@ def decide_restart(ctx: Ctx, attempt: JobAttempt, failure: Failure,
     counts = dict(job.restart_counts or {})
     counts[failure.cls] = counts.get(failure.cls, 0) + 1
     charge = budgets.charge(job, failure, fresh=fresh, now=now)
+    run = crash_loop.extend(job, attempt, failure, crash_loop.signature_of(failure))
+    if run is not None:
+        charge.marks[crash_loop.MARK] = run.as_mark()
+        if run.count >= ctx.config.crash_loop_failures:
+            return _fail_crash_loop(ctx, attempt, failure, counts, charge, run)
     if charge.exhausted:
         return _fail(ctx, attempt, failure, counts, charge)
     backoff = _backoff_s(ctx, failure, counts[failure.cls])
@@ -179,13 +193,42 @@ def _fail(ctx: Ctx, attempt: JobAttempt, failure: Failure, counts: dict,
     return Result.done("failed")
 
 
-def _attach_health_events(attempt: JobAttempt, failure: Failure) -> None:
+def _fail_crash_loop(ctx: Ctx, attempt: JobAttempt, failure: Failure, counts: dict,
+                     charge: budgets.Charge, run: crash_loop.Run) -> Result:
+    """The same failure again and again, with no progress: the program's
+    bug. The job ends with its own error line and the lines around it."""
+    job, now = ctx.job, ctx.now
+    error = failure.evidence.get("error") or {}
+    where = (f" on {len(run.nodes)} different nodes" if run.elsewhere
+             else f" on {run.nodes[0]}" if run.nodes else "")
+    said = error.get("line") or f"no error line in the log ({failure.reason})"
+    message = (f"crash loop: the same failure {run.count} times in a row{where} "
+               f"(attempts {', '.join(map(str, run.attempts))}), no step past "
+               f"{run.step}: {said}")
+    detail = "\n".join(error.get("lines") or [])
+    job.transition(Phase.FAILED, reason="CrashLoop", message=message[:1000], attempt=attempt,
+                   now=now,
+                   evidence={"class": failure.cls, "signature": run.signature,
+                             "failures": run.count, "nodes": list(run.nodes),
+                             "attempts": list(run.attempts), "error": error,
+                             "exit_code": failure.exit_code},
+                   last_error=(message + ("\n\n" + detail if detail else ""))[:5000],
+                   finished_at=now, restart_counts=counts, budget_spent=charge.spent,
+                   restart_marks=charge.marks)
+    job.record("NodesReleased", "the job's nodes are free", attempt=attempt, now=now,
+               evidence={"nodes": list(attempt.placements.values_list("node__name",
+                                                                      flat=True))})
+    admission.request_admission(ctx.cluster.id)
+    return Result.done("crash loop")
+
+
+def _attach_health_events(ctx: Ctx, failure: Failure) -> None:
     """Open critical health events of the nodes this failure takes out (a
     "lost" node, an XID seen after its ranks died) are part of its evidence,
     and handled by it: the node leaves service for them too."""
     events = list(
         NodeHealthEvent.objects.filter(
-            node__in=attempt.placements.filter(node__name__in=failure.nodes).values("node_id"),
+            node__in=failed_nodes(ctx, failure),
             handled_at__isnull=True, severity=NodeHealthEvent.Severity.CRITICAL,
         ).exclude(kind=NodeHealthEvent.Kind.SPOT_NOTICE)
         .exclude(pk__in=failure.health_event_ids).select_related("node").order_by("id")
@@ -206,11 +249,7 @@ def _take_out(ctx: Ctx, attempt: JobAttempt, failure: Failure) -> None:
     cordoned (or, if something else took it out first, why it is out), then
     replaced from the spare pool."""
     job, now = ctx.job, ctx.now
-    nodes = Node.objects.filter(
-        pk__in=AttemptNode.objects.filter(attempt=attempt, node__name__in=failure.nodes)
-        .values("node_id")
-    )
-    for node in nodes:
+    for node in failed_nodes(ctx, failure):
         kind = (NodeHealthEvent.Kind.MISSED_HEARTBEAT if failure.cls == FailureClass.HANG
                 else None)
         evidence = {"job": job.id, "attempt": attempt.number, "class": failure.cls,

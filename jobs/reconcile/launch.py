@@ -22,12 +22,14 @@ from clusters.providers import LaunchRequest, Placement, PreflightResult
 from clusters.reconcile.promotion import fill_vacancies
 from clusters.reconcile.replacement import cordon_with_evidence
 from controlplane.lib import locks
+from controlplane.lib.errors import CannotRun
 from controlplane.lib.reconcile import Result
 from jobs import evals, signals
 from jobs.admission import busy_node_ids, placement, request_admission
+from jobs.recovery import evidence as recovery_evidence
 
 from ..checkpointing import abandon_branch, job_checkpoint_uri, newest_verified
-from ..models import AttemptNode, JobAttempt, Phase, TrainingJob
+from ..models import AttemptNode, FailureClass, JobAttempt, Phase, TrainingJob
 from .common import Ctx
 
 MAX_PREFLIGHT_ROUNDS = 3
@@ -57,8 +59,25 @@ def start(ctx: Ctx) -> Result:
             if not checked:
                 return Result.after(ctx.config.queue_interval_s, "preflight found no nodes")
         signals.launch_point.send(TrainingJob, point="launch", job_id=ctx.job.id)
-        _launch(ctx, attempt)
+        try:
+            _launch(ctx, attempt)
+        except CannotRun as exc:
+            return _cannot_run(ctx, attempt, exc)
     return Result.after(min(1.0, ctx.config.observe_interval_s), "launched")
+
+
+def _cannot_run(ctx: Ctx, attempt: JobAttempt, exc: CannotRun) -> Result:
+    """The scheduler says the attempt can never run as asked: the job ends
+    with its words (the spec must change), rather than asking forever."""
+    job = ctx.job
+    reason = str(exc)[:2000]
+    attempt.end(JobAttempt.State.FAILED, ctx.now, failure_class=FailureClass.CODE,
+                failure_reason=reason)
+    job.transition(Phase.FAILED, reason="CannotRun", message=reason[:1000], attempt=attempt,
+                   now=ctx.now, finished_at=ctx.now, last_error=reason, pending_reason="",
+                   evidence={"error": reason})
+    request_admission(ctx.cluster.id)
+    return Result.done("cannot run")
 
 
 def _source_gone(ctx: Ctx) -> Result:
@@ -216,6 +235,9 @@ def _swap_failed_node(ctx: Ctx, attempt: JobAttempt, name: str,
                 "message": result.message, "attempt": attempt.id}
     cordon_with_evidence(bad, f"failed the preflight check: {result.message}", evidence,
                          ctx.now, health_kind=NodeHealthEvent.Kind.NCCL_TEST)
+    # A suspect of the job's last failure, checked for it: its loss counts
+    # against what the job's failures may cost the fleet.
+    recovery_evidence.charge_check(ctx, name)
     job.record("PreflightFailed", f"{name} failed the preflight check", attempt=attempt,
                now=ctx.now, evidence={"node": name, **evidence})
     with transaction.atomic():

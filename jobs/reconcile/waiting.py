@@ -6,11 +6,13 @@ passes (detect.py counts that deadline from the end of the wait)."""
 
 from __future__ import annotations
 
+from clusters.models import Node
 from controlplane.lib.reconcile import Result
 
-from ..models import JobAttempt, TrainingJob
+from ..models import FailureClass, JobAttempt, TrainingJob
+from .budgets import SCHEDULER_HOLD
 from .common import Ctx
-from .detect import START_WAIT
+from .detect import START_WAIT, Failure
 
 EVENT = "WaitingToStart"
 
@@ -36,6 +38,25 @@ def note(ctx: Ctx, attempt: JobAttempt, waits) -> Result:
         TrainingJob.objects.filter(pk=job.pk).update(pending_reason=reason)
         job.pending_reason = reason
     return Result.after(ctx.config.observe_interval_s, reason[:200])
+
+
+def on_held_nodes(ctx: Ctx, attempt: JobAttempt) -> Failure | None:
+    """A gang still waiting to start on a node that its scheduler's admin
+    has taken out since it was placed (a Slurm drain leaves the attempt
+    PENDING with ReqNodeNotAvail until the admin resumes it): moved to
+    other nodes now rather than waiting on it. The node's, not the job's,
+    and no fault of the node either."""
+    held = list(Node.objects.filter(
+        pk__in=attempt.placements.values("node_id")).exclude(admin_hold="")
+        .values_list("name", "admin_hold"))
+    if not held:
+        return None
+    names = [name for name, _ in held]
+    return Failure(
+        FailureClass.PREEMPTED,
+        f"{', '.join(names)} taken out by the scheduler's admin before the attempt started "
+        f"({held[0][1]}): relaunching on other nodes",
+        nodes=names, evidence={"source": SCHEDULER_HOLD, "holds": dict(held)}, replace=False)
 
 
 def clear(ctx: Ctx, attempt: JobAttempt) -> None:

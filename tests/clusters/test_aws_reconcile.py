@@ -159,17 +159,20 @@ def test_a_node_whose_node_object_vanished_is_still_replaced(aws, fleet):  # noq
 
     reconcile_cluster_unlocked(cluster.id, later(now, 1))
     old.refresh_from_db()
-    assert old.state == Node.State.FAILED  # the group still has it, Kubernetes does not
-    # Its place was taken by the spare, and no spare was added for it: the
-    # machine the group brings in its stead is the new spare (one failure,
-    # one machine; a spare provisioned as well would be one over).
+    assert old.state == Node.State.READY  # not ready for a moment is no failure yet
     before = group_instances(aws, fleet["group"])
     assert len(before) == 3 and instance_id(old.provider_id) in before
-    Node.objects.filter(pk=old.pk).update(replace_requested_at=later(now, 2))
+    grace = cluster.config.node_failure_grace_s
 
-    reconcile_cluster_unlocked(cluster.id, later(now, 2))
+    # Past the grace it fails, with a "lost" event, and with nothing on it
+    # the same pass replaces it: the instance terminated, its place taken by
+    # the spare, and no spare added for it (the machine the group brings in
+    # its stead is the new spare: one failure, one machine).
+    reconcile_cluster_unlocked(cluster.id, later(now, 1 + grace))
 
-    check_replaced(aws, fleet, old, before, later(now, 2))
+    assert old.events.filter(to_state="failed").exists()
+    assert old.health_events.get(kind="lost").handled_at is not None
+    check_replaced(aws, fleet, old, before, later(now, 1 + grace))
 
 
 def test_a_spot_notice_for_an_idle_node_replaces_it(aws, fleet):  # noqa: F811

@@ -31,8 +31,9 @@ SIZE = 4
 def test_a_node_reported_failed_before_its_job_claims_it_takes_one_spare(db):
     """Path (a): the cluster pass sees the provider report the node failed
     and fills its slot; the job's pass then claims the node and must take
-    no second spare."""
-    cluster = memory_cluster(size=SIZE, spares=2)
+    no second spare. (No grace: the pass that first sees it not ready
+    fails it.)"""
+    cluster = memory_cluster(size=SIZE, spares=2, node_failure_grace_s=0)
     pool = cluster.pools.get()
     checked = Node.objects.get(pool=pool, is_spare=True, preflight_passed_at__isnull=False)
     job = submit(cluster, team_with_quota(cluster))

@@ -64,7 +64,7 @@ def test_eval_runs_on_a_second_pool_chart_val_loss_while_training_runs_and_a_kil
                job=run, timeout=150)
     assert run.attempts.count() == 2
     # One rank killed on a healthy node: a rank's death, not the node's
-    # (jobs/reconcile/rank_death.py), redone in place.
+    # (jobs/recovery/evidence.py), redone in place.
     assert run.attempts.get(number=1).failure_class == "process"
     assert run.eval_result["attempt"] == 2
     assert 80 in dict(map(tuple, series(parent.id, "val_loss")["points"]))

@@ -108,21 +108,27 @@ def test_a_rank_killed_on_a_healthy_node_is_relaunched_in_place(fleet):
     cancel_and_wait(fleet, job)
 
 
-@pytest.mark.timeout(240)
-def test_a_hung_rank_is_found_by_its_missed_heartbeats(fleet):
-    cluster = fleet.cluster(heartbeat_deadline_s=4.0)
+@pytest.mark.timeout(300)
+def test_a_hung_rank_is_found_by_its_missed_heartbeats_and_its_node_fails_its_check(fleet):
+    """Silent ranks make their node a suspect, not a casualty: the relaunch
+    checks it first, and a hung node fails the check (the local fleet's
+    preflight fails a hung node as a hung GPU fails an all-reduce), so it
+    is cordoned with that evidence and the spare takes its place."""
+    cluster = fleet.cluster(heartbeat_deadline_s=4.0, preflight=True)
     job = fleet.submit(cluster, max_steps=400, step_sleep_s=0.1)
-    attempt = fleet.wait("attempt 1 running", running(job, 1, 3), job=job)
+    attempt = fleet.wait("attempt 1 running", running(job, 1, 3), job=job, timeout=150)
     node = attempt.placements.get(node_rank=1).node
     fleet.provider(cluster).inject_fault(pool_info(node.pool), node.name, "hang")
-    fleet.wait("attempt 2 running", running(job, 2), job=job, timeout=150)
+    second = fleet.wait("attempt 2 running", running(job, 2), job=job, timeout=150)
     attempt.refresh_from_db()
     assert attempt.failure_class == "hang"
-    assert refreshed(node).state == Node.State.REPLACED
-    assert node.health_events.filter(kind="missed_heartbeat").exists()
-    failed = job.events.get(kind="NodeFailed")
-    assert failed.evidence["node"] == node.name
-    assert [s["rank"] for s in failed.evidence["silent"]] == [1]
+    restarting = job.events.get(kind="Restarting")
+    assert [s["rank"] for s in restarting.evidence["silent"]] == [1]
+    assert restarting.evidence["suspects"] == [node.name]
+    assert refreshed(node).state == Node.State.CORDONED
+    assert node.health_events.filter(kind="nccl_test").exists()
+    assert job.events.get(kind="PreflightFailed").evidence["node"] == node.name
+    assert node not in [p.node for p in second.placements.all()]
     assert job.goodput.get(category="hang").seconds >= 4.0
     cancel_and_wait(fleet, job)
 

@@ -49,21 +49,19 @@ def test_a_two_node_job_survives_two_killed_ranks_and_ends_bitwise_equal_to_an_u
     assert a.sha256 and a.bytes > 0
     assert not JobAttempt.objects.filter(job=steady).exclude(state="succeeded").exists()
     assert JobEvent.objects.filter(job=steady, kind="NodesReleased").exists()
-    # The killed run recovered by itself, twice: the first death, with no
-    # sign from the node, in place on the same nodes (class process); the
-    # second on that same node is its evidence against itself, so the node
-    # is replaced (jobs/reconcile/rank_death.py).
+    # The killed run recovered by itself, twice, in place on the same nodes
+    # (class process): a death with no sign from the node is no evidence
+    # against it, and a second one there makes it a suspect to check, not
+    # a node to retire (jobs/recovery/evidence.py; this cluster runs no
+    # preflight, so it stays in service unchecked).
     assert killed.attempts.count() == 3
     assert victim_2 == victim_1
-    assert killed.restart_counts == {"process": 1, "hardware": 1}
+    assert killed.restart_counts == {"process": 2}
     victim_1.refresh_from_db()
-    assert victim_1.state == Node.State.REPLACED
-    assert Node.objects.get(replaces=victim_1).is_spare is False
+    assert victim_1.state == Node.State.READY and victim_1.failure_count == 0
     kinds = list(killed.events.values_list("kind", flat=True))
-    assert kinds.index("RankDied") < kinds.index("NodeFailed")
-    first_failure = kinds.index("NodeFailed")
-    assert kinds[first_failure:first_failure + 4] == [
-        "NodeFailed", "NodeCordoned", "NodeReplaced", "Restarting"]
+    assert kinds.count("RankDied") == 2
+    assert not {"NodeFailed", "NodeCordoned", "NodeReplaced"} & set(kinds)
     resumed = list(killed.events.filter(kind="ResumedFromCheckpoint").order_by("id"))
     assert len(resumed) == 2
     assert resumed[0].evidence["step"] >= 5 and resumed[1].evidence["step"] >= 15

@@ -17,7 +17,7 @@ def test_the_node_page_shows_why_it_was_cordoned_and_the_jobs_that_ran_there(
     assert [p.attempt.job_id for p in resp.context["placements"]] == [job.pk]
     # Only the moves a cordoned node allows are offered.
     offered = [a for a, *_ in resp.context["node_actions"]]
-    assert offered == ["uncordon", "drain", "replace"]
+    assert offered == ["uncordon", "drain", "replace", "return"]
     assert 'data-action="uncordon"' in html and 'id="fault-form"' in html
 
 

@@ -129,7 +129,7 @@ def test_a_killed_node_is_sent_as_node_replaced(mem_cluster, vision):
     provider_of(mem_cluster).exit_node(attempt.provider_ref, bad.name, exit_code=1, signal=9,
                                        log_tail="Killed")
     # The node went with its ranks: without that, one rank's death is
-    # relaunched in place (jobs/reconcile/rank_death.py) and nothing replaced.
+    # relaunched in place (jobs/recovery/evidence.py) and nothing replaced.
     report_not_ready(mem_cluster, bad)
     reconcile_job_unlocked(job.id, later(now, 2))
     assert sent(nodes) == ["node.replaced"]

@@ -44,6 +44,9 @@ def register() -> None:
 @dataclass(frozen=True)
 class MemoryPoolSettings:
     fixed_size: bool = setting(False, "the pool cannot grow (no spares can be added)")
+    keeps_machines: bool = setting(False, "replacing a node drains it and brings up nothing, "
+                                   "as Slurm does: the machine waits for its owner to mend "
+                                   "and resume it (and the pool cannot grow)")
 
 
 @dataclass
@@ -145,7 +148,7 @@ class MemoryProvider:
             return list(self._pool_nodes(pool).values())
 
     def provision_node(self, pool: PoolInfo, name: str) -> NodeInfo:
-        if pool.settings.fixed_size:
+        if pool.settings.fixed_size or pool.settings.keeps_machines:
             # Like a Kubernetes pool with no Auto Scaling group behind it.
             raise PermanentError(f"pool {pool.name} cannot grow: it has a fixed size")
         with _LOCK:
@@ -230,6 +233,10 @@ class MemoryProvider:
         self._set_unschedulable(pool, node, True)
 
     def replace(self, pool: PoolInfo, node: str) -> NodeInfo | None:
+        if pool.settings.keeps_machines:
+            self.fleet.calls.append(("replace", node))
+            self._set_unschedulable(pool, node, True)
+            return None
         with _LOCK:
             nodes = self._pool_nodes(pool)
             self.fleet.calls.append(("replace", node))

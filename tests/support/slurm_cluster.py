@@ -62,9 +62,18 @@ class SlurmWorld:
         found = [record(line) for line in out.splitlines() if line.startswith("ReservationName=")]
         return {r["ReservationName"]: r for r in found}
 
+    def _answers(self) -> bool:
+        try:
+            return bool(self.cluster.node_states())
+        except subprocess.CalledProcessError:
+            return False
+
     def restore(self) -> None:
         """Every node back (slurmd running, resumed), no job and no
         reservation left."""
+        if "slurmctld" not in self.cluster.running():
+            self.cluster.start_slurmctld()  # a test that restarts it failed half-way
+            eventually(self._answers, timeout=30, interval=0.5, what="slurmctld to answer again")
         self.cluster.cancel_jobs()
         for name in self.reservations():
             self.run("scontrol", "delete", f"ReservationName={name}")

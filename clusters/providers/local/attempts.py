@@ -161,10 +161,10 @@ def _start(fleet: Path, attempt_dir: Path, request: LaunchRequest, python: str,
     return ref
 
 
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 16384) -> str:
     try:
         with open(path, "rb") as fh:
-            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 16384))
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - max_bytes))
             text = fh.read().decode(errors="replace")
     except OSError:
         return ""
@@ -194,8 +194,18 @@ def observe_node(attempt_dir: Path, entry: dict) -> NodeProcess:
     return NodeProcess(
         node=entry["node"], node_rank=entry["node_rank"], running=running,
         exit_code=exit_code, signal=sig, ranks=rank_records(node_dir / "status"),
-        log_tail=log_tail(node_dir / "stdout.log"),
+        log_tail=ended_log(node_dir / "stdout.log") if not running else "",
     )
+
+
+# An ended node's log is read far enough back to hold the program's own
+# error above torchrun's report of it (jobs/recovery/signature.py): a chatty
+# peer's traceback and torchrun's summary alone fill forty lines.
+ENDED_LOG_LINES, ENDED_LOG_BYTES = 400, 65536
+
+
+def ended_log(path: Path) -> str:
+    return log_tail(path, ENDED_LOG_LINES, ENDED_LOG_BYTES)
 
 
 def observe(ref: dict) -> AttemptStatus:

@@ -236,7 +236,10 @@ class LocalProvider:
             return PreflightResult(ok=False, pending=True, message=waiting)
         data = self.book.read()
         nodes = NodeBook.pool(data, pool.name)["nodes"]
-        bad = {p.node for p in placements if nodes.get(p.node, {}).get("bad")}
+        # A hung node (its processes frozen, the "hang" fault) fails the check
+        # as a hung GPU fails an all-reduce: by timing out, said at once here.
+        bad = {p.node for p in placements
+               if nodes.get(p.node, {}).get("bad") or nodes.get(p.node, {}).get("hung")}
         return preflight.run_preflight(self.root, tuple(placements), bad, timeout_s,
                                        python=self.python, standbys=self._standbys(pool),
                                        gpus=self._devices_of(pool) == devices.CUDA)

@@ -10,17 +10,18 @@ say how each node's torchrun ended, which Slurm's one exit code cannot.
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from controlplane.lib.errors import PermanentError, TemporaryError
+from controlplane.lib.errors import CannotRun, PermanentError, TemporaryError
 
 from ..base import AttemptStatus, LaunchRequest, NodeProcess, StartIssue
 from ..local import procs
-from ..local.attempts import log_tail, rank_records
+from ..local.attempts import ended_log, rank_records
 from ..local.base_paths import LAUNCHER
 from ..local.book import file_lock, read_json, write_json
 from ..local.environment import rank_environment
@@ -93,11 +94,24 @@ def _submit(slurm: Slurm, attempt_dir: Path, cluster: str, partition: str, featu
         argv.append(f"--constraint={feature}")
     if reservation:
         argv.append(f"--reservation={reservation}")
-    out = slurm.run([*argv, str(script)], env=env)
+    try:
+        out = slurm.run([*argv, str(script)], env=env)
+    except SlurmCommandError as exc:
+        if _NEVER.search(str(exc)):
+            raise CannotRun(f"Slurm refuses the attempt for good: {exc}") from exc
+        raise
     job_id = out.strip().split(";")[0]
     if not job_id.isdigit():
         raise TemporaryError(f"sbatch answered {out!r}", delay=5.0)
     return job_id
+
+
+# What sbatch answers for a request no node of the partition can ever meet
+# (more GPUs a node than any has, a feature none carries): no retry helps.
+_NEVER = re.compile(r"Requested node configuration is not available|"
+                    r"Invalid generic resource \(gres\) specification|"
+                    r"Invalid feature specification|Node count specification invalid|"
+                    r"Invalid partition name specified", re.IGNORECASE)
 
 
 def job_record(slurm: Slurm, ref: dict) -> dict:
@@ -134,7 +148,7 @@ def _observe_node(slurm: Slurm, attempt_dir: Path, entry: dict, active: bool) ->
     return NodeProcess(
         node=entry["node"], node_rank=entry["node_rank"], running=running,
         exit_code=exit_code, signal=sig, ranks=rank_records(node_dir / "status"),
-        log_tail=log_tail(node_dir / "stdout.log"), node_lost=lost,
+        log_tail=ended_log(node_dir / "stdout.log") if not running else "", node_lost=lost,
     )
 
 
@@ -257,6 +271,10 @@ def stop(slurm: Slurm, ref: dict, grace_s: float, silence_s: float) -> None:
         return
     job_id = str(ref["job_id"])
     if state != "PENDING":
+        # The batch shell waits for the scancel below once its steps end
+        # (batch.py): the job is over by Regatta's word, CANCELLED in
+        # Slurm's accounting, not failed by the ranks' SIGTERM.
+        (Path(ref["dir"]) / batch.STOPPING).touch()
         # Steps only: the batch shell stays to see srun end and the job out.
         try:
             scancel(slurm, "--signal=TERM", job_id)

@@ -27,6 +27,11 @@ NOT_PLACED_EXIT = 97
 # How often each node's launcher rewrites its beat (attempts.observe reads
 # a silent one as the node gone with its ranks).
 BEAT_EVERY_S = 1.0
+# Written in the attempt's folder when Regatta stops the attempt: the batch
+# shell then holds the allocation until Regatta's scancel ends it (at most
+# STOPPING_WAIT_S), so that Slurm records the job CANCELLED.
+STOPPING = "stopping"
+STOPPING_WAIT_S = 120
 _FREE_PORT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
 
 
@@ -87,5 +92,7 @@ status=0
 for pid in "${{pids[@]}}"; do
   wait "$pid" || status=$?
 done
+# Stopped by Regatta (a cancel, a relaunch): its scancel ends the job.
+if [ -e {shlex.quote(attempt_dir)}/{STOPPING} ]; then sleep {STOPPING_WAIT_S}; fi
 exit $status
 """

@@ -34,7 +34,7 @@ from ..base import (
 )
 from . import attempts, preflight, reservation
 from .commands import Slurm
-from .nodes import REASON_PREFIX, UNSCHEDULABLE, in_pool, lost_signal, node_info, state_words
+from .nodes import REASON_PREFIX, UNSCHEDULABLE, admin_hold, in_pool, node_info, state_words
 
 
 @dataclass(frozen=True)
@@ -143,6 +143,8 @@ class SlurmProvider:
         """Slurm brings up no machine for us: the node is left drained with
         the reason, for its owners to mend and resume."""
         rec = self._record(pool, node)
+        if admin_hold(rec):
+            return None  # drained by its admin already: their reason stays
         if not (rec.get("Reason") or "").startswith(f"{REASON_PREFIX}replaced"):
             self._update(node, "drain", f"{REASON_PREFIX}replaced")
         return None
@@ -241,7 +243,10 @@ class SlurmProvider:
 
     # --- health -------------------------------------------------------------
     def health_signals(self, pool: PoolInfo) -> list[HealthSignal]:
-        return [s for s in map(lost_signal, self._records(pool)) if s is not None]
+        # A node Slurm calls down is reported not ready (list_nodes), and
+        # fails once that outlasts the cluster's grace: a slurmctld restart
+        # (UNKNOWN for a moment) is no loss.
+        return []
 
     def inject_fault(self, pool: PoolInfo, node: str, kind: str) -> dict:
         raise PermanentError("fault injection is the local provider's; on Slurm, stop the "
