@@ -424,7 +424,20 @@ def test_an_evicted_pod_counts_as_killed(kube_world, provider):
     assert failed.signal == 9 and "Evicted" in failed.log_tail
 
 
-def test_a_pod_gone_after_start_is_a_lost_rank(kube_world, provider):
+def test_a_pod_gone_after_start_is_a_lost_rank(kube_world, calls):
+    # With the informers, as for_cluster makes it: the pod watch saw the
+    # rank's pod go. (Asked afresh, a missing pod and the operator's
+    # FailedCreate for it look like a pod not made yet.)
+    cache = ClusterCache(calls.api, NS, "app.kubernetes.io/managed-by=regatta",
+                         request_timeout(10))
+    provider = KubernetesProvider(calls.api, KubeSettings(request_timeout_s=10), cache=cache)
+    try:
+        lost_rank_when_its_pod_goes(kube_world, provider)
+    finally:
+        cache.stop()
+
+
+def lost_rank_when_its_pod_goes(kube_world, provider):
     pool, info = kwok_pool(kube_world, size=2)
     ref, pods = launch_running(kube_world, provider, request_on(pool, info))
     # The namespace's quota was cut to one pod: the operator cannot make the
@@ -440,9 +453,13 @@ def test_a_pod_gone_after_start_is_a_lost_rank(kube_world, provider):
         eventually(lambda: worker.uid not in {
             p.metadata.uid for p in kube_world.pods(f"{OPERATOR_JOB_LABEL}=job-7-a2")},
             timeout=30, interval=0.2, what="the pod to go")
-        # The rank's pod is gone, so the node named is its placement's.
-        (lost,) = provider.observe(ref).failed_nodes
-        assert (lost.node, lost.node_rank, lost.signal) == (pool.node_name(1), 1, 9)
+        # Lost on the node it ran on, killed from outside (no sign from its
+        # node: it is still there).
+        (lost,) = eventually(lambda: provider.observe(ref).failed_nodes, timeout=10,
+                             interval=0.2, what="the pod watch to see it go")
+        where = ranks(pods)[1].spec.node_name
+        assert (lost.node, lost.node_rank, lost.signal) == (where, 1, 9)
+        assert not lost.node_lost and "deleted" in lost.log_tail
     finally:
         kube_world.core.delete_namespaced_resource_quota("one-pod", NS)
 

@@ -288,8 +288,23 @@ def test_a_node_that_goes_not_ready_is_cordoned_and_the_job_relaunched_on_health
     eventually(lambda: not kube_world.fleet.ready(bad), timeout=30, interval=0.2,
                what="kwok to report the node NotReady")
 
-    reconcile_cluster_unlocked(job.cluster_id, later(now, 5))
-    reconcile_job_unlocked(job.id, later(now, 6))
+    # The first pass that sees it not ready starts its grace; a pass past the
+    # grace fails it, with a `lost` health event the job acts on.
+    went = later(now, 5)
+
+    def noted():
+        reconcile_cluster_unlocked(job.cluster_id, went)
+        return Node.objects.get(name=bad).not_ready_since == went
+
+    eventually(noted, timeout=10, interval=0.2, what="the pass to see the node not ready")
+    grace = job.cluster.config.node_failure_grace_s
+    reconcile_job_unlocked(job.id, later(went, 1))
+    job.refresh_from_db()
+    assert job.phase == Phase.RUNNING and job.attempts.count() == 1  # within the grace
+    reconcile_cluster_unlocked(job.cluster_id, later(went, grace + 1))
+    assert Node.objects.get(name=bad).state == Node.State.FAILED
+    heartbeat(attempt, 2, later(went, grace + 1))
+    reconcile_job_unlocked(job.id, later(went, grace + 2))
 
     # Cordoned by a real PATCH with Regatta's own token.
     node = kube_world.core.read_node(bad)

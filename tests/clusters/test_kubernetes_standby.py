@@ -85,8 +85,20 @@ def test_a_spare_keeps_a_standby_pod_until_a_relaunch_takes_the_node(db, kube_wo
     eventually(lambda: not kube_world.fleet.ready(bad), timeout=30, interval=0.2,
                what="kwok to report the node NotReady")
 
-    reconcile_cluster_unlocked(cluster.id, later(now, 8))
-    reconcile_job_unlocked(job.id, later(now, 9))
+    # A pass sees it not ready; a pass past the cluster's grace fails it,
+    # and the job acts on the `lost` event.
+    went = later(now, 8)
+
+    def noted():
+        reconcile_cluster_unlocked(cluster.id, went)
+        return Node.objects.get(name=bad).not_ready_since == went
+
+    eventually(noted, timeout=10, interval=0.2, what="the pass to see the node not ready")
+    failed_at = later(went, cluster.config.node_failure_grace_s + 1)
+    reconcile_cluster_unlocked(cluster.id, failed_at)
+    heartbeat(first, 2, failed_at)
+    reconcile_job_unlocked(job.id, later(failed_at, 1))
+    now = later(failed_at, -8)  # the passes below come after these
 
     second = job.attempts.get(number=2)
     placed = set(second.placements.values_list("node__name", flat=True))

@@ -329,9 +329,15 @@ def test_a_missing_secret_fails_the_job_with_its_name(db, standin, fsx):
     standin.put(PODS, st.waiting_pod(name, "Master", 0, node_name="n1",
                                      reason="CreateContainerConfigError",
                                      message='secret "hf-token" not found'))
-    reconcile_job_unlocked(job.id, later(now, 5))
-    job.refresh_from_db()
-    assert job.phase == Phase.FAILED and 'secret "hf-token" not found' in job.last_error
+
+    def failed():
+        # The pod reaches the pass through the pod informer's watch.
+        reconcile_job_unlocked(job.id, later(now, 5))
+        job.refresh_from_db()
+        return job.phase == Phase.FAILED
+
+    eventually(failed, timeout=10, interval=0.1, what="the pass to see the pod")
+    assert 'secret "hf-token" not found' in job.last_error
 
 
 @pytest.mark.slow

@@ -14,17 +14,18 @@ import pytest
 from django.utils import timezone
 from kubernetes import client as k8s
 
-from clusters.models import NodePool
+from clusters.models import Node, NodePool
 from clusters.providers.base import Placement
+from clusters.providers.kubernetes.preflight import LABEL_CHECKS, checks_label
 from clusters.reconcile import reconcile_cluster_unlocked
 from jobs.models import JobAttempt, Phase, TrainingJob
 from jobs.reconcile import reconcile_job_unlocked
 from testcluster import bootstrap
 from tests.clusters.test_kubernetes_provider import (
-    finished,
     kwok_pool,
-    preflight_in_background,
+    preflight_result,
     provider_for,
+    started_preflight,
 )
 from tests.clusters.test_kubernetes_real_cluster import (
     gpu_pool,
@@ -213,8 +214,23 @@ def test_a_node_that_goes_not_ready_is_cordoned_and_the_trainjob_relaunched_on_h
     eventually(lambda: not kube_world.fleet.ready(bad), timeout=30, interval=0.2,
                what="kwok to report the node NotReady")
 
-    reconcile_cluster_unlocked(job.cluster_id, later(now, 5))
-    reconcile_job_unlocked(job.id, later(now, 6))
+    # The first pass that sees it not ready starts its grace; a pass past the
+    # grace fails it, with a `lost` health event the job acts on.
+    went = later(now, 5)
+
+    def noted():
+        reconcile_cluster_unlocked(job.cluster_id, went)
+        return Node.objects.get(name=bad).not_ready_since == went
+
+    eventually(noted, timeout=10, interval=0.2, what="the pass to see the node not ready")
+    grace = job.cluster.config.node_failure_grace_s
+    reconcile_job_unlocked(job.id, later(went, 1))
+    job.refresh_from_db()
+    assert job.phase == Phase.RUNNING and job.attempts.count() == 1  # within the grace
+    reconcile_cluster_unlocked(job.cluster_id, later(went, grace + 1))
+    assert Node.objects.get(name=bad).state == Node.State.FAILED
+    heartbeat(attempt, 2, later(went, grace + 1))
+    reconcile_job_unlocked(job.id, later(went, grace + 2))
 
     assert kube_world.core.read_node(bad).spec.unschedulable is True
     job.refresh_from_db()
@@ -349,7 +365,7 @@ def test_the_allreduce_preflight_runs_as_a_trainjob_and_names_a_failed_node(
     provider = provider_for(calls, job_api="trainjob")
     logs = PodLogs().install(provider)
     placements = (Placement(pool.node_name(0), 0), Placement(pool.node_name(1), 1))
-    thread, out = preflight_in_background(provider, info, placements, timeout_s=90)
+    first = started_preflight(provider, info, placements, timeout_s=90)
     name, pods = eventually(lambda: preflight_pods(kube_world, 2), timeout=90, interval=0.2,
                             what="the preflight's pods to run")
     assert {p.spec.node_name for p in pods.values()} == {pool.node_name(0), pool.node_name(1)}
@@ -367,7 +383,8 @@ def test_the_allreduce_preflight_runs_as_a_trainjob_and_names_a_failed_node(
     else:
         kube_world.fleet.fail_pod(TRAINING_NS, pods[broken_rank].metadata.name, exit_code=1,
                                   message="RuntimeError: NCCL error")
-    result = finished(thread, out)
+    assert first.evidence["job"] == name
+    result = preflight_result(provider, info, placements, timeout_s=90)
     if broken_rank is None:
         assert result.ok, result.message
         assert result.evidence["allreduce_gbps"] == 40.5
@@ -376,10 +393,13 @@ def test_the_allreduce_preflight_runs_as_a_trainjob_and_names_a_failed_node(
         broken_node = pods[broken_rank].spec.node_name
         assert not result.ok and result.failed_nodes == (broken_node,)
         assert broken_node in result.message
-    (watch,) = {c.query["fieldSelector"] for c in calls.calls(
+    # Each later call found the check by the placements' label; nothing
+    # watched it, and no call waited on it.
+    looks = calls.calls(
         "GET", f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{TRAINING_NS}/trainjobs")
-        if c.query.get("watch") == "True"}
-    assert watch == f"metadata.name={name}"
+    assert f"{LABEL_CHECKS}={checks_label(placements)}" in {
+        c.query.get("labelSelector") for c in looks}
+    assert not [c for c in looks if c.query.get("watch") == "True"]
     # The check cleans up after itself: the TrainJob, and by garbage
     # collection its JobSet, Job and pods.
     eventually(lambda: kube_world.trainjob(name) is None and not kube_world.pods(

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -33,6 +34,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from kubernetes import client as k8s
+
+from clusters.providers.kubernetes.informers import stop_all
 
 _REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 409: "AlreadyExists",
             410: "Gone", 422: "Invalid", 429: "TooManyRequests", 500: "InternalError",
@@ -67,6 +70,11 @@ class K8sStandIn:
         # or a function called per watch request that returns that list.
         self.watch_events: dict[str, Any] = {}
         self.hooks: list = []  # fn(method, collection, obj), after each write
+        # A watch without scripted events stays open this long, streaming
+        # what changes, then the server ends it (a real one after its
+        # timeoutSeconds): an informer on this server sees a change within
+        # a poll, and is never answered by an empty watch that ends at once.
+        self.watch_hold_s = 2.0
         self._faults: list[_Fault] = []
         self._lock = threading.Lock()
         self._counter = 0
@@ -80,6 +88,10 @@ class K8sStandIn:
         return self
 
     def __exit__(self, *exc):
+        # The informers a provider made for this server (for_cluster) would
+        # otherwise keep asking it for 15 minutes; the next pass of a cluster
+        # elsewhere makes its own again.
+        stop_all()
         self.server.shutdown()
         self.server.server_close()
 
@@ -169,14 +181,21 @@ class K8sStandIn:
                 self.wfile.write(data)
 
             def stream(self, events: list[dict]):
+                self._open_stream()
+                for event in events:
+                    self._event(event)
+                self.wfile.write(b"0\r\n\r\n")
+
+            def _open_stream(self):
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
-                for event in events:
-                    line = (json.dumps(event) + "\n").encode()
-                    self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
-                self.wfile.write(b"0\r\n\r\n")
+
+            def _event(self, event: dict):
+                line = (json.dumps(event) + "\n").encode()
+                self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+                self.wfile.flush()
 
         return Handler
 
@@ -211,7 +230,8 @@ class K8sStandIn:
             if callable(events):
                 events = events()
             if events is None:
-                events = [{"type": "ADDED", "object": o} for o in matched]
+                current = lambda: [o for o in list(items.values()) if _matches(o, query)]  # noqa: E731
+                return _follow(h, current, self.watch_hold_s)
             return h.stream(events)
         raise _Reply(200, {"kind": "List", "apiVersion": "v1",
                            "metadata": {"resourceVersion": self._next_version()},
@@ -252,6 +272,31 @@ class K8sStandIn:
     def _fire(self, method, collection, obj):
         for hook in list(self.hooks):
             hook(method, collection, obj)
+
+
+def _follow(h, current, hold_s: float) -> None:
+    """A watch as a server streams it: the objects `current()` lists now as
+    ADDED, then, until `hold_s` passed, each change as it is seen (polled)."""
+    h._open_stream()
+    sent: dict[str, dict] = {}
+    deadline = time.monotonic() + hold_s
+    try:
+        while True:
+            now = {o["metadata"]["name"]: copy.deepcopy(o) for o in current()}
+            for name, obj in now.items():
+                before = sent.get(name)
+                if before is None or (before["metadata"].get("resourceVersion")
+                                      != obj["metadata"].get("resourceVersion")):
+                    h._event({"type": "ADDED" if before is None else "MODIFIED", "object": obj})
+            for name in set(sent) - set(now):
+                h._event({"type": "DELETED", "object": sent[name]})
+            sent = now
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        h.wfile.write(b"0\r\n\r\n")
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the client went
 
 
 class _Reply(Exception):

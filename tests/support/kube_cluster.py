@@ -33,6 +33,7 @@ import pytest
 from django.conf import settings
 from kubernetes import client as k8s
 
+from clusters.providers.kubernetes.informers import stop_all
 from testcluster import bootstrap, build, kueue
 from testcluster.cluster import TestCluster
 from testcluster.fleet import Fleet, Pool
@@ -294,6 +295,9 @@ def kube():
         _shared_file_system(world.core)
         yield world
     finally:
+        # The informers a provider made for it (for_cluster) stop first:
+        # they would otherwise ask the stopped server until the process ends.
+        stop_all()
         cluster.down()
 
 
