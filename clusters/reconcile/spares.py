@@ -25,6 +25,7 @@ from controlplane.lib.errors import PermanentError, TemporaryError
 
 from .. import wake
 from ..workload import jobs_on_node
+from . import check_verdict
 from .replacement import cordon_with_evidence
 
 log = logging.getLogger(__name__)
@@ -44,8 +45,8 @@ def check_one_spare(cluster, pools, provider, now) -> Node | None:
     """Run a single-node preflight on the first ready spare of `pools` that
     has no recent pass; return the spare checked (None if none was)."""
     cfg = cluster.config
-    if not cfg.preflight_on:
-        return None
+    if not cfg.preflight_on or check_verdict.check_suspect(cluster, now) is not None:
+        return None  # off, or failing everywhere alike: checking spares proves nothing
     max_age = cfg.preflight_max_age_s
     for pool in pools:
         spare = unchecked_spares(pool, now, max_age).first()
@@ -64,12 +65,13 @@ def check_one_spare(cluster, pools, provider, now) -> Node | None:
             return None  # the check runs beside the pass; a later pass reads it
         # The check may have taken a while: act on it only if the cluster is still ours.
         locks.ensure_held()
-        _settle(spare, result, now)
+        verdict = check_verdict.judge(cluster, result, [spare.name], now)
+        _settle(spare, result, now, blamed=spare.name in verdict.blamed)
         return spare
     return None
 
 
-def _settle(spare: Node, result: PreflightResult, now) -> None:
+def _settle(spare: Node, result: PreflightResult, now, *, blamed: bool = True) -> None:
     check = result.node_check(spare.name)
     if result.ok:
         if Node.objects.filter(pk=spare.pk, state=Node.State.READY).update(
@@ -80,10 +82,11 @@ def _settle(spare: Node, result: PreflightResult, now) -> None:
                 evidence={"preflight": check, "message": result.message}, created_at=now,
             )
         return
-    if spare.name not in result.failed_nodes:
-        # A check that blames no node (it timed out whole) proves nothing either
-        # way: no pass is stamped, and a later pass checks the spare again.
-        log.warning("preflight of spare %s failed without naming it: %s",
+    if spare.name not in result.failed_nodes or not blamed:
+        # A check that blames no node (it timed out whole), or that fails on
+        # every node alike (check_verdict.py), proves nothing either way: no
+        # pass is stamped, and the spare stays.
+        log.warning("preflight of spare %s failed without telling it apart: %s",
                     spare.name, result.message)
         return
     evidence = {"preflight": check, "message": result.message, "when": "joining"}

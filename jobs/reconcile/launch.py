@@ -19,11 +19,13 @@ from django.db.models import Min
 from checkpoints.models import Checkpoint
 from clusters.models import Cluster, Node, NodeHealthEvent
 from clusters.providers import LaunchRequest, Placement, PreflightResult
+from clusters.reconcile import check_verdict
 from clusters.reconcile.promotion import fill_vacancies
 from clusters.reconcile.replacement import cordon_with_evidence
 from controlplane.lib import locks
 from controlplane.lib.errors import CannotRun
 from controlplane.lib.reconcile import Result
+from controlplane.lib.transitions import event_time
 from jobs import evals, signals
 from jobs.admission import busy_node_ids, placement, request_admission
 from jobs.recovery import evidence as recovery_evidence
@@ -195,7 +197,18 @@ def _preflight(ctx: Ctx, attempt: JobAttempt) -> bool | None:
             job.record("PreflightPassed", result.message, attempt=attempt, now=ctx.now,
                        evidence={"allreduce_gbps": result.allreduce_gbps, "nodes": checked})
             return True
-        for name in result.failed_nodes:
+        verdict = check_verdict.judge(ctx.cluster, result, [p.node for p in placements],
+                                      ctx.now)
+        if not verdict.blamed:
+            # Failing on every node alike (or as it has on others before):
+            # the check, not these nodes, is at fault. It tells nothing, so
+            # the gang launches as if it had passed.
+            job.record("PreflightInconclusive",
+                       f"the preflight failed on every node alike ({verdict.suspect}): the "
+                       "check is suspect, not the nodes; launching", attempt=attempt,
+                       now=ctx.now, evidence={"preflight": report, "suspect": verdict.suspect})
+            return True
+        for name in verdict.blamed:
             if not _swap_failed_node(ctx, attempt, name, result):
                 reason = (f"preflight failed on {name}; no healthy replacement free "
                           f"in pool {ctx.pool.name}")
@@ -331,7 +344,9 @@ def _launch(ctx: Ctx, attempt: JobAttempt) -> None:
     # test, the next pass) sees the attempt started without the job's
     # Launched, or the resume it started from.
     with transaction.atomic():
-        attempt.launched(ctx.now, provider_ref=ref, resumed_from=checkpoint,
+        # Started now, not when the pass began: the start-up deadlines count
+        # from here, and a preflight before it may have taken half a minute.
+        attempt.launched(event_time(ctx.now), provider_ref=ref, resumed_from=checkpoint,
                          resume_step=checkpoint.step if checkpoint else None)
         if by_person:
             # restart_from_step is spec and stays; this note says it was honoured,
