@@ -263,7 +263,7 @@ class KubernetesProvider:
         apart from an admin's (NodeInfo.admin_hold). A node someone else
         cordoned is left as it is both ways: cordoning it again would take
         their hold for Regatta's, and lifting it would undo their act."""
-        found = self.reads.node(node)
+        found = self.reads.node_now(node)
         if found is None:
             return  # gone: no cordon needed; the node listing reports it lost
         annotations = (found.get("metadata") or {}).get("annotations") or {}
@@ -278,6 +278,22 @@ class KubernetesProvider:
 
     def cordon(self, pool: PoolInfo, node: str) -> None:
         self._set_unschedulable(node, True)
+
+    def claim_cordon(self, pool: PoolInfo, node: str) -> None:
+        """Mark the node's cordon as Regatta's own. For a node the cluster's
+        rows say Regatta took out of service itself, cordoned without the
+        mark: a cordon Regatta made before it marked its cordons (an admin's
+        `kubectl cordon` of a node already cordoned changes nothing in
+        Kubernetes, so there is no other act to undo). From then on it is
+        lifted with Regatta's return to service like any other of its own
+        (clusters/reconcile/follow.py asks)."""
+        found = self.reads.node_now(node)
+        if found is None or not (found.get("spec") or {}).get("unschedulable"):
+            return
+        if CORDONED_BY_REGATTA in ((found.get("metadata") or {}).get("annotations") or {}):
+            return
+        self._call(f"patch node {node}", self.core.patch_node, node,
+                   {"metadata": {"annotations": {CORDONED_BY_REGATTA: "true"}}}, ok=(404,))
 
     def uncordon(self, pool: PoolInfo, node: str) -> None:
         self._set_unschedulable(node, False)

@@ -44,6 +44,11 @@ class LiveReads:
     def node(self, name: str) -> dict | None:
         return self.p._json(f"read node {name}", self.p.core.read_node, name, ok=(404,))
 
+    def node_now(self, name: str) -> dict | None:
+        """The node as the server has it now, for a write that depends on
+        it (a cordon): a cache a moment behind would decide it wrong."""
+        return LiveReads.node(self, name)
+
     def pods(self, selector: str, what: str, **query) -> list[dict]:
         return self.p._json(what, self.p.core.list_namespaced_pod, self.p.ns,
                             label_selector=selector, **query).get("items", [])
