@@ -236,6 +236,26 @@ STARTUP_STATES = ("not started", "importing", "rendezvous", "setting up", "loadi
                   "compiling", "first step", "running without reporting", "exited", "gone")
 
 
+@dataclass(frozen=True)
+class LateLog:
+    """A failed rank's log read once more, after the failure was acted on
+    without it (it could not be read then): the answer of a provider's
+    optional `late_logs(now) -> list[LateLog]` (`now` in Unix seconds),
+    which the cluster pass asks
+    (clusters/reconcile/late_logs.py) for the job's timeline. `text` is the
+    log's tail, or "" with `unreachable` saying why it still could not be
+    read; `first_unreachable` why it could not be read at the failure."""
+
+    job_id: int | None
+    attempt_id: int | None
+    node: str
+    node_rank: int | None
+    text: str = ""
+    unreachable: str = ""
+    first_unreachable: str = ""
+    kept_s: float = 0.0
+
+
 class NodeCheck(TypedDict, total=False):
     """One node's part of a preflight check, as `PreflightEvidence.per_node`
     holds it. A passing node carries its measurements; a failing one `check`

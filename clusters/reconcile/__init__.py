@@ -20,6 +20,7 @@ from controlplane.lib.tasks import ADMIT_CLUSTER
 
 from .. import wake
 from ..workload import jobs_on_node
+from . import late_logs
 from .nodes import account_ready_time, hold_spares, keep_spares, send_drain, sync_pool
 from .promotion import fill_vacancies
 from .replacement import ask_owed_replacements, replace_node, take_out
@@ -88,6 +89,7 @@ def reconcile_cluster_unlocked(cluster_id: int, now=None) -> Result:
             _SPARES_NOT_PROVISIONED.add(said)
         hold_spares(pool, provider, info)
     account_ready_time(cluster, now)
+    late_logs.collect(cluster, provider, now)
     if _capacity(cluster) != capacity:
         ADMIT_CLUSTER.soon(cluster.id)
     # Last: admission must not wait for a node's check. A node coming back

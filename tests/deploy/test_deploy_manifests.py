@@ -144,7 +144,7 @@ def test_the_control_plane_gets_exactly_the_verbs_it_uses():
         (("trainer.kubeflow.org",), "trainjobs"): sorted(["create", "get", "list", "watch",
                                                           "delete"]),
         (("jobset.x-k8s.io",), "jobsets"): sorted(["get", "list", "watch"]),
-        (("",), "pods"): sorted(["get", "list", "watch", "create", "delete"]),
+        (("",), "pods"): sorted(["get", "list", "watch", "create", "delete", "patch"]),
         (("",), "pods/eviction"): ["create"],
         (("",), "pods/log"): ["get"],
         (("",), "secrets"): sorted(["create", "delete", "get"]),
@@ -251,7 +251,7 @@ def test_the_provider_calls_only_what_the_role_grants(kube_world):
     for call in calls.made:
         parts = call.path.strip("/").split("/")
         resource = parts[-1] if call.method in ("GET", "POST") and parts[-1] in (
-            "nodes", "pods", "secrets", "pytorchjobs", "workloads") else None
+            "nodes", "pods", "secrets", "pytorchjobs", "workloads", "events") else None
         if parts[-1] in ("eviction", "log"):
             resource = f"pods/{parts[-1]}"
         elif resource is None:

@@ -53,6 +53,7 @@ def test_the_token_is_the_control_planes_service_account(as_regatta):
     ("watch", "trainjobs", "trainer.kubeflow.org", None),
     ("get", "jobsets", "jobset.x-k8s.io", None),
     ("list", "pods", "", None),
+    ("patch", "pods", "", None),  # a failed pod kept for its log (kept_logs.py)
     ("create", "pods", "", "eviction"),
     ("get", "pods", "", "log"),
     ("create", "secrets", "", None),
@@ -72,8 +73,8 @@ def test_it_may_do_what_the_provider_does_in_the_training_namespace(
     # A TrainJob's JobSet is the Trainer's: read, never changed.
     ("delete", "jobsets", TRAINING_NS, "jobset.x-k8s.io"),
     ("patch", "trainjobs", TRAINING_NS, "trainer.kubeflow.org"),
-    # Pods are the operator's to change.
-    ("patch", "pods", TRAINING_NS, ""),
+    # Pods are patched in the training namespace only.
+    ("patch", "pods", "default", ""),
     # Nodes are patched (cordon) and deleted (replace), never made.
     ("create", "nodes", None, ""),
     ("create", "clusterrolebindings", None, "rbac.authorization.k8s.io"),

@@ -24,6 +24,7 @@ from controlplane.lib.errors import PermanentError, TemporaryError
 from ..base import (
     AttemptStatus,
     HealthSignal,
+    LateLog,
     LaunchRequest,
     NodeInfo,
     Placement,
@@ -31,7 +32,7 @@ from ..base import (
     PreflightResult,
     ScalingStatus,
 )
-from . import capacity, reachability
+from . import capacity, kept_logs, reachability
 from . import manifests as mf
 from .config import KubePoolSettings, KubeSettings, replace_mode
 from .errors import classify, unanswered
@@ -114,6 +115,9 @@ class KubernetesProvider:
         # before the setting changed are still found.
         self._trainjobs = TrainJobCalls(self)
         self.reads = CachedReads(self, cache) if cache is not None else LiveReads(self)
+        # Failed pods whose log this provider could not read ({pod: why}):
+        # kept past the attempt's stop, for a later read (kept_logs.py).
+        self.unread_logs: dict[str, str] = {}
 
     # The typed sections of Cluster.settings and NodePool.settings this
     # provider reads (clusters/settings.py parses them).
@@ -507,6 +511,8 @@ class KubernetesProvider:
             pod = names.get(proc.node)
             if proc in status.failed_nodes and not proc.log_tail and pod:
                 tail, unreachable = self.read_log(pod, container, tail_lines=40)
+                if unreachable:
+                    self.unread_logs[pod] = unreachable
                 proc = replace(proc, log_tail=tail[-4000:] or unreachable)
             nodes.append(proc)
         return replace(status, nodes=tuple(nodes))
@@ -542,6 +548,7 @@ class KubernetesProvider:
         if ref.get("kind") == TRAINJOB_KIND:
             return self._trainjobs.stop(ref, grace_s)
         name = ref["name"]
+        self.keep_unread(f"{mf.OPERATOR_JOB_LABEL}={name}", mf.CONTAINER)
         options = k8s.V1DeleteOptions(
             propagation_policy=self.settings.delete_propagation,
             grace_period_seconds=int(grace_s),
@@ -553,6 +560,18 @@ class KubernetesProvider:
         secret = ref.get("secret") or mf.secret_name(name)
         self._call(f"delete secret {secret}", self.core.delete_namespaced_secret, secret,
                    self.ns, ok=(404,))
+
+    def keep_unread(self, selector: str, container: str) -> None:
+        """Before the attempt's job object (and with it its pods) is deleted:
+        keep the failed pods among `selector`'s whose log could not be read,
+        for one more read later (kept_logs.py)."""
+        if self.unread_logs:
+            kept_logs.keep(self, self.unread_logs, selector, container)
+
+    def late_logs(self, now: float | None = None) -> list[LateLog]:
+        """The logs of kept pods, read once more (kept_logs.collect); `now`
+        in Unix seconds."""
+        return kept_logs.collect(self, now)
 
     # --- preflight ------------------------------------------------------------------
     def preflight(self, pool: PoolInfo, placements: tuple[Placement, ...],

@@ -93,6 +93,7 @@ class TrainJobCalls:
         collector for minutes. Once the TrainJob itself is gone the Trainer
         leaves it be."""
         p, name = self.p, ref["name"]
+        p.keep_unread(tj.pods_selector(name), tj.CONTAINER)
         options = k8s.V1DeleteOptions(propagation_policy="Background",
                                       grace_period_seconds=int(grace_s))
         p._call(f"delete TrainJob {name}", p.custom.delete_namespaced_custom_object,
