@@ -30,6 +30,9 @@ from .replacement import cordon_at_provider
 log = logging.getLogger(__name__)
 
 RETURNABLE = Node.RETURNABLE
+# How long a node may stay not ready once its hold was lifted before the
+# return gives up on it.
+SETTLE_S = 60.0
 
 
 def request_return(node: Node, *, actor: str, reason: str, now) -> NodeEvent | None:
@@ -60,6 +63,11 @@ def check_one_return(cluster, pools, provider, now) -> Node | None:
     except TemporaryError as exc:
         log.warning("cluster %s: return of %s waits: %s", cluster.name, node.name, exc)
         return None
+    if seen is not None and not seen.ready and not seen.admin_hold and (
+            now - node.return_requested_at).total_seconds() < SETTLE_S:
+        # Lifting a hold can leave the node not ready for a moment (Slurm
+        # waits to hear from a resumed node's slurmd): asked again next pass.
+        return node
     if seen is None or not seen.ready or seen.admin_hold:
         why = ("the provider no longer lists it" if seen is None
                else f"held at the provider: {seen.admin_hold}" if seen.admin_hold
