@@ -9,6 +9,7 @@ import json
 import re
 
 from django.db.models import Q
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.fields import empty
 
@@ -40,6 +41,30 @@ def cluster_named(name: str) -> Cluster:
 
 
 BUDGET_KEYS = tuple(FailureClass.values)
+MAX_BUDGET = 100
+# Set here, before the spec validator names them in its fields.
+MAX_ENV_VARS = 256
+MAX_ENV_VALUE = 32_768
+
+
+@extend_schema_field({
+    "type": "object", "additionalProperties": False,
+    "description": "restarts allowed per failure class; the classes not given keep their "
+                   "defaults",
+    "properties": {key: {"type": "integer", "minimum": 0, "maximum": MAX_BUDGET}
+                   for key in BUDGET_KEYS}})
+class RestartBudgetsField(serializers.DictField):
+    pass
+
+
+@extend_schema_field({
+    "type": "object", "maxProperties": MAX_ENV_VARS,
+    "description": "the ranks' variables: names from docs/byo.md's table (\"The environment "
+                   "a job may set\") or the cluster's env_allow setting",
+    "additionalProperties": {"type": "string", "maxLength": MAX_ENV_VALUE,
+                             "pattern": "^[^\\x00]*$"}})
+class EnvField(serializers.DictField):
+    pass
 
 
 class EvalSpecValidator(StrictSerializer):
@@ -98,9 +123,12 @@ class EvalSpecValidator(StrictSerializer):
 
 class JobSpecValidator(StrictSerializer):
     name = StrictCharField(min_length=1, max_length=100)
-    team = StrictCharField(required=False, max_length=63)
-    cluster = StrictCharField(max_length=63)
-    pool = StrictCharField(required=False, max_length=63)
+    team = StrictCharField(required=False, max_length=63,
+                           help_text="a team you belong to; required unless you belong to "
+                                     "exactly one")
+    cluster = StrictCharField(max_length=63, help_text="a cluster's name")
+    pool = StrictCharField(required=False, max_length=63,
+                           help_text="one of the cluster's node pools; default: its first")
     num_nodes = StrictIntegerField(min_value=1, max_value=1024)
     gpus_per_node = StrictIntegerField(min_value=1, max_value=64)
     world_size = StrictIntegerField(required=False, min_value=1, max_value=65536)
@@ -112,7 +140,7 @@ class JobSpecValidator(StrictSerializer):
     args = serializers.ListField(
         child=StrictCharField(max_length=4000, allow_blank=True), required=False, max_length=1024
     )
-    env = serializers.DictField(required=False)
+    env = EnvField(required=False)
     completion = serializers.ChoiceField(choices=TrainingJob.Completion.choices, required=False)
     hyperparameters = serializers.DictField(required=False)
     checkpoint_policy = serializers.ChoiceField(
@@ -120,7 +148,7 @@ class JobSpecValidator(StrictSerializer):
     )
     checkpoint_every_steps = StrictIntegerField(required=False, min_value=1, max_value=1_000_000)
     keep_last = StrictIntegerField(required=False, min_value=1, max_value=100)
-    restart_budgets = serializers.DictField(required=False)
+    restart_budgets = RestartBudgetsField(required=False)
     # The window of progress after which spent restarts are forgiven; 0 turns
     # that half off (both 0: a budget counts for the whole run).
     budget_reset_steps = StrictIntegerField(required=False, min_value=0, max_value=100_000_000)
@@ -158,8 +186,10 @@ class JobSpecValidator(StrictSerializer):
                 f"Unknown failure classes: {', '.join(unknown)} (known: {', '.join(BUDGET_KEYS)})."
             )
         for key, budget in value.items():
-            if isinstance(budget, bool) or not isinstance(budget, int) or not 0 <= budget <= 100:
-                raise serializers.ValidationError(f"{key}: must be an integer from 0 to 100.")
+            if (isinstance(budget, bool) or not isinstance(budget, int)
+                    or not 0 <= budget <= MAX_BUDGET):
+                raise serializers.ValidationError(
+                    f"{key}: must be an integer from 0 to {MAX_BUDGET}.")
         return {**DEFAULT_RESTART_BUDGETS, **value}
 
     def validate_team(self, value):
@@ -278,8 +308,6 @@ RESERVED_ENV = frozenset({
 })
 RESERVED_ENV_PREFIXES = ("REGATTA_", "TORCHELASTIC_")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-MAX_ENV_VARS = 256
-MAX_ENV_VALUE = 32_768
 # A program's own hyperparameters go to its ranks as REGATTA_CONFIG, whole.
 MAX_PROGRAM_CONFIG_BYTES = 65_536
 

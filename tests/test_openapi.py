@@ -107,3 +107,95 @@ def test_the_schema_bounds_query_parameters_as_the_server_does(schema, api, owne
     nxt = api(owner).get("/api/v1/jobs/?limit=1").json()["next"]
     cursor = re.search(r"cursor=([^&]+)", nxt).group(1)
     assert re.fullmatch(params[("/api/v1/jobs/", "cursor")]["pattern"], cursor)
+
+
+def _param(schema, path, name, method="get"):
+    return next(p for p in schema["paths"][path][method].get("parameters", [])
+                if p["name"] == name)
+
+
+def _field(schema, path, method, name):
+    return _body_schema(schema, schema["paths"][path][method])["properties"][name]
+
+
+KEYSET_LISTS = ["/api/v1/artifacts/", "/api/v1/jobs/", "/api/v1/jobs/{id}/attempts/",
+                "/api/v1/jobs/{id}/checkpoints/", "/api/v1/jobs/{id}/events/"]
+
+
+@pytest.mark.parametrize("path", KEYSET_LISTS)
+def test_a_cursor_is_stated_as_the_server_writes_it_and_a_stray_one_is_a_404(schema, path):
+    pattern = _param(schema, path, "cursor")["schema"]["pattern"]
+    assert not re.search(pattern, "0") and not re.search(pattern, "")
+    assert re.search(pattern, "eyJrIjpbMV0sImIiOjB9")
+    assert "404" in schema["paths"][path]["get"]["responses"]
+
+
+def test_query_parameters_state_their_bounds(schema):
+    jobs = _param(schema, "/api/v1/jobs/compare/", "jobs")
+    assert jobs["required"] and jobs["schema"]["minLength"] == 1
+    for good in ("12", "12,15", ",".join(["7"] * 10)):
+        assert re.search(jobs["schema"]["pattern"], good), good
+    for bad in ("", "0", "12,,15", " 12", ",".join(["7"] * 11), "1" * 19):
+        assert not re.search(jobs["schema"]["pattern"], bad), bad
+    name = _param(schema, "/api/v1/jobs/{id}/metrics/", "name")
+    assert name["required"] and name["schema"]["maxLength"] == 64
+    assert name["schema"]["minLength"] == 1
+    parent = _param(schema, "/api/v1/jobs/", "parent")["schema"]
+    assert parent["type"] == "integer" and parent["minimum"] == 1
+    team = _param(schema, "/api/v1/jobs/", "team")["schema"]
+    assert not re.search(team["pattern"], "vi\x00sion")
+
+
+@pytest.mark.parametrize(("path", "method", "field"), [
+    ("/api/v1/quotas/", "post", "team"), ("/api/v1/quotas/", "post", "cluster"),
+    ("/api/v1/quotas/{id}/", "patch", "team"), ("/api/v1/quotas/{id}/", "patch", "cluster"),
+    ("/api/v1/webhooks/", "post", "url"), ("/api/v1/webhooks/{id}/", "patch", "url"),
+    ("/api/v1/jobs/", "post", "name"), ("/api/v1/jobs/", "post", "cluster"),
+    ("/api/v1/tokens/", "post", "name"),
+])
+def test_a_text_field_that_may_not_be_blank_says_so(schema, path, method, field):
+    stated = _field(schema, path, method, field)
+    assert stated["minLength"] == 1
+    for blank in ("", " ", "\t\n", "\x1f", "\u3000", "\x00"):
+        assert not re.search(stated["pattern"], blank), repr(blank)
+    assert re.search(stated["pattern"], " a ")
+
+
+def test_the_job_spec_states_its_budgets_env_and_team(schema):
+    budgets = _field(schema, "/api/v1/jobs/", "post", "restart_budgets")
+    assert budgets["additionalProperties"] is False
+    assert set(budgets["properties"]) == {"code", "transient", "hardware", "preempted", "hang",
+                                          "process"}
+    assert all(p == {"type": "integer", "minimum": 0, "maximum": 100}
+               for p in budgets["properties"].values())
+    env = _field(schema, "/api/v1/jobs/", "post", "env")
+    assert env["additionalProperties"]["type"] == "string" and env["maxProperties"] == 256
+    assert "exactly one" in _field(schema, "/api/v1/jobs/", "post", "team")["description"]
+
+
+@pytest.mark.parametrize(("path", "method", "codes"), [
+    ("/api/v1/jobs/", "post", {"413", "415"}),
+    ("/api/v1/webhooks/{id}/", "patch", {"413", "415"}),
+    ("/api/v1/jobs/{id}/restart/", "post", {"409", "413", "415"}),
+    ("/api/v1/checkpoints/{id}/files/", "get", {"409", "503"}),
+    ("/api/v1/checkpoints/{id}/files/{path}", "get", {"409", "503"}),
+    ("/api/v1/webhooks/{id}/ping/", "post", {"409", "429", "413"}),
+    ("/api/v1/deliveries/{id}/retry/", "post", {"409", "429"}),
+    ("/api/v1/tokens/", "post", {"429"}),
+    ("/api/v1/nodes/{id}/faults/", "post", {"409"}),
+    ("/api/v1/worker/attempts/{attempt_id}/metrics", "post", {"413"}),
+])
+def test_the_statuses_the_server_answers_are_documented(schema, path, method, codes):
+    assert codes <= set(schema["paths"][path][method]["responses"]), path
+
+
+def test_the_worker_bodies_state_the_parsers_bounds(schema):
+    beat = _body_schema(schema, schema["paths"][
+        "/api/v1/worker/attempts/{attempt_id}/heartbeat"]["post"])
+    assert beat["additionalProperties"] is False
+    assert beat["properties"]["rank"] == {"type": "integer", "minimum": 0, "maximum": 65535}
+    assert beat["properties"]["samples_per_s"]["minimum"] == 0
+    event = _body_schema(schema, schema["paths"][
+        "/api/v1/worker/attempts/{attempt_id}/events"]["post"])
+    assert re.search(event["properties"]["kind"]["pattern"], "started")
+    assert not re.search(event["properties"]["kind"]["pattern"], "Started!")

@@ -18,11 +18,13 @@ See docs/api.md, "Pagination".
 import base64
 import binascii
 import json
+import re
 from datetime import datetime
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import Q
 from rest_framework import serializers
+from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 from rest_framework.utils.urls import remove_query_param, replace_query_param
 
@@ -32,9 +34,21 @@ BIGINT = 2**63  # what PostgreSQL can compare an integer key with
 _ASKED = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False, "": False}
 
 
+# What _encode writes: URL-safe base64 of `{"k":[…],"b":…}`, unpadded, so
+# it always starts with the encoding of `{"k":[`. A cursor of another shape
+# is bad input (400); one of this shape that names no key of the list names
+# no page (404), as a made-up page number would.
+CURSOR = re.compile(r"^eyJrIjpb[A-Za-z0-9_-]+$")
+
+
 def _invalid(param: str):
     return serializers.ValidationError({param: ["Not a cursor from this list: follow the "
                                                 "`next` or `previous` link as it came."]})
+
+
+def _no_page(param: str):
+    return NotFound(f"No page of this list starts at that {param}: follow the `next` or "
+                    "`previous` link as it came.")
 
 
 def _ordering(queryset) -> list[tuple[str, bool]]:
@@ -99,7 +113,9 @@ class KeysetPagination(BoundedLimitOffsetPagination):
         raw = request.query_params.get(self.cursor_query_param)
         if raw is None and self.offset_query_param in request.query_params:
             return self._offset_page(queryset, request)
-        values, self.backwards = self._decode(raw, queryset.model) if raw else ([], False)
+        # An empty cursor is no cursor of this list either: a 400, as the schema says.
+        values, self.backwards = (self._decode(raw, queryset.model) if raw is not None
+                                  else ([], False))
         if values:
             queryset = queryset.filter(after(self.ordering, values, self.backwards))
         if self.backwards:
@@ -132,18 +148,20 @@ class KeysetPagination(BoundedLimitOffsetPagination):
         return queryset.count() if asked else None
 
     def _decode(self, raw: str, model) -> tuple[list, bool]:
+        if not CURSOR.fullmatch(raw):
+            raise _invalid(self.cursor_query_param)
         try:
-            padded = raw.strip() + "=" * (-len(raw.strip()) % 4)
+            padded = raw + "=" * (-len(raw) % 4)
             data = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")))
             values, backwards = data["k"], bool(data["b"])
         except (ValueError, TypeError, KeyError, binascii.Error, UnicodeError):
-            raise _invalid(self.cursor_query_param) from None
+            raise _no_page(self.cursor_query_param) from None
         if not isinstance(values, list) or len(values) != len(self.ordering):
-            raise _invalid(self.cursor_query_param)
+            raise _no_page(self.cursor_query_param)
         names = [name for name, _ in self.ordering]
         typed = [_checked(model, name, v) for name, v in zip(names, values, strict=True)]
         if any(v is None for v in typed):
-            raise _invalid(self.cursor_query_param)
+            raise _no_page(self.cursor_query_param)
         return typed, backwards
 
     def _key(self, row) -> list:
@@ -187,8 +205,7 @@ class KeysetPagination(BoundedLimitOffsetPagination):
         return [*super().get_schema_operation_parameters(view), {
             "name": self.cursor_query_param, "required": False, "in": "query",
             "description": "Where the page starts: from a `next` or `previous` link.",
-            # What _encode writes: URL-safe base64, its padding dropped.
-            "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]+={0,2}$"},
+            "schema": {"type": "string", "pattern": CURSOR.pattern},
         }, {
             "name": self.count_query_param, "required": False, "in": "query",
             "description": "`true` adds the list's `count` (a full count: slow on big lists).",

@@ -6,6 +6,7 @@ from rest_framework import generics
 from accounts.permissions import IsPerson
 from checkpoints.models import Checkpoint, ModelArtifact
 from checkpoints.serializers import CheckpointSerializer, ModelArtifactSerializer
+from controlplane.lib.filters import IdFilter
 from controlplane.lib.keyset import KeysetPagination
 
 from ..visibility import visible_jobs
@@ -31,7 +32,7 @@ class CheckpointDetailView(generics.RetrieveAPIView):
 
 
 class ArtifactFilter(django_filters.FilterSet):
-    job = django_filters.NumberFilter(field_name="job_id")
+    job = IdFilter(field_name="job_id")
     name = django_filters.CharFilter()
 
     class Meta:

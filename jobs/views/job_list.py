@@ -6,6 +6,7 @@ from rest_framework.response import Response
 
 from accounts.permissions import IsPerson
 from clusters.models import Cluster
+from controlplane.lib.filters import IdFilter
 from controlplane.lib.keyset import KeysetPagination
 
 from ..models import Phase, Team, TrainingJob
@@ -30,7 +31,7 @@ class JobFilter(django_filters.FilterSet):
     cluster = django_filters.CharFilter(method=_by_name(Cluster, "cluster_id"))
     phase = django_filters.ChoiceFilter(choices=Phase.choices)
     kind = django_filters.ChoiceFilter(choices=TrainingJob.Kind.choices)
-    parent = django_filters.NumberFilter(field_name="parent_id")
+    parent = IdFilter(field_name="parent_id")
 
     class Meta:
         model = TrainingJob

@@ -154,4 +154,4 @@ def test_faults_need_a_known_kind_and_a_local_cluster(api, operator, node, clust
                        format="json").status_code == 400
     Cluster.objects.filter(pk=cluster.pk).update(provider="kubernetes")
     resp = client.post(f"/api/v1/nodes/{node.pk}/faults/", {"kind": "kill"}, format="json")
-    assert resp.status_code == 400 and "local" in resp.data["kind"][0]
+    assert resp.status_code == 409 and "local" in resp.data["detail"]

@@ -1,6 +1,7 @@
 """Lists that grow with the data page by cursor (controlplane/lib/keyset.py):
 following `next` walks every row once, in order, even where the sort key
-ties; `previous` comes back; offset pages still work; a bad cursor is 400."""
+ties; `previous` comes back; offset pages still work; a cursor not of the
+server's shape is 400, one of its shape that names no page 404."""
 
 import base64
 import json
@@ -75,18 +76,32 @@ def test_filters_stay_on_the_cursor_links(api, owner, team, cluster, seven_jobs)
 
 
 def _cursor(payload) -> str:
-    return base64.urlsafe_b64encode(json.dumps(payload).encode()).decode()
+    """Encoded as the server encodes its own (compact JSON, unpadded)."""
+    raw = json.dumps(payload, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
 @pytest.mark.parametrize("cursor", [
-    "not-a-cursor", "%%%", _cursor({"k": [1], "b": 0}), _cursor({"k": ["yesterday", 3], "b": 0}),
-    _cursor({"k": ["2026-01-01T00:00:00+00:00", 10**30], "b": 0}), _cursor([1, 2]),
-    _cursor({"k": ["2026-01-01T00:00:00+00:00", True], "b": 0}),
-    _cursor({"k": [None, 1], "b": 0}), _cursor({"b": 0}),
+    "not-a-cursor", "%%%", "0", "", _cursor([1, 2]), _cursor({"b": 0}),
+    _cursor({"k": [1], "b": 0}) + "==",  # padded: never how the server writes one
+    base64.urlsafe_b64encode(b'{"k": [1], "b": 0}').decode(),
 ])
-def test_a_cursor_not_from_the_list_is_a_400_naming_it(api, owner, seven_jobs, cursor):
+def test_a_cursor_of_another_shape_is_a_400_naming_it(api, owner, seven_jobs, cursor):
+    """The schema's pattern for `cursor` is the shape the server writes."""
     resp = api(owner).get("/api/v1/jobs/", {"cursor": cursor})
     assert resp.status_code == 400 and "cursor" in resp.data
+
+
+@pytest.mark.parametrize("cursor", [
+    _cursor({"k": [1], "b": 0}), _cursor({"k": ["yesterday", 3], "b": 0}),
+    _cursor({"k": ["2026-01-01T00:00:00+00:00", 10**30], "b": 0}),
+    _cursor({"k": ["2026-01-01T00:00:00+00:00", True], "b": 0}),
+    _cursor({"k": [None, 1], "b": 0}), "eyJrIjpbmadeup", "eyJrIjpbX",
+])
+def test_a_cursor_of_the_right_shape_that_names_no_page_is_a_404(api, owner, seven_jobs,
+                                                                 cursor):
+    resp = api(owner).get("/api/v1/jobs/", {"cursor": cursor})
+    assert resp.status_code == 404 and "cursor" in resp.data["detail"]
 
 
 def test_events_checkpoints_and_attempts_page_by_cursor(api, owner, team, cluster):

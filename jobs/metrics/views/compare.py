@@ -3,14 +3,10 @@ event file (jobs/metrics/tensorboard.py).
 
 Scoped like every job endpoint: a job the caller may not see is 404."""
 
+from django.core.validators import RegexValidator
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import (
-    OpenApiParameter,
-    OpenApiResponse,
-    extend_schema,
-    inline_serializer,
-)
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.response import Response
@@ -25,9 +21,19 @@ from jobs.views.downloads import DownloadView
 
 
 class CompareQuery(serializers.Serializer):
-    metric = StrictCharField(max_length=64, required=False)
+    metric = StrictCharField(max_length=64, required=False,
+                             help_text="default: loss, or the first name")
     x = serializers.ChoiceField(choices=compare.X_AXES, default="step")
-    points = serializers.IntegerField(min_value=2, max_value=MAX_POINTS, default=DEFAULT_POINTS)
+    points = serializers.IntegerField(min_value=2, max_value=MAX_POINTS, default=DEFAULT_POINTS,
+                                      help_text=f"per job, at most {MAX_POINTS}")
+
+
+class CompareParameters(CompareQuery):
+    """The query as the schema states it: `jobs` is read apart, since it may
+    also come as repeated values (compare.parse_job_ids)."""
+
+    jobs = StrictCharField(validators=[RegexValidator(compare.JOB_IDS_PATTERN)],
+                           help_text=f"job ids, comma-separated; at most {compare.MAX_JOBS}")
 
 
 def comparison_from(user, query) -> compare.Comparison:
@@ -79,15 +85,7 @@ class CompareView(APIView):
 
     @extend_schema(
         operation_id="jobs_compare",
-        parameters=[
-            OpenApiParameter("jobs", str, required=True,
-                             description=f"job ids, comma-separated; at most {compare.MAX_JOBS}"),
-            OpenApiParameter("metric", str, description="default: loss, or the first name"),
-            OpenApiParameter("x", str, enum=list(compare.X_AXES)),
-            OpenApiParameter("points", {"type": "integer", "minimum": 2,
-                                               "maximum": MAX_POINTS},
-                             description=f"per job, at most {MAX_POINTS}"),
-        ],
+        parameters=[CompareParameters],
         responses={200: inline_serializer("Comparison", {
             "metric": serializers.CharField(), "x": serializers.CharField(),
             "metrics": serializers.ListField(child=serializers.CharField(),

@@ -1,4 +1,4 @@
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -11,18 +11,16 @@ from jobs.views.base import JobScopedMixin
 
 
 class SeriesQuery(serializers.Serializer):
-    name = StrictCharField(max_length=64)
-    points = serializers.IntegerField(min_value=2, max_value=MAX_POINTS, default=DEFAULT_POINTS)
+    name = StrictCharField(max_length=64, help_text="a metric the job reported, e.g. loss")
+    points = serializers.IntegerField(min_value=2, max_value=MAX_POINTS, default=DEFAULT_POINTS,
+                                      help_text=f"at most {MAX_POINTS}")
 
 
 class JobMetricsView(JobScopedMixin, APIView):
     """One metric as [[step, value], ...], downsampled (LTTB) to `points`."""
 
     @extend_schema(
-        parameters=[OpenApiParameter("name", str, required=True),
-                    OpenApiParameter("points", {"type": "integer", "minimum": 2,
-                                               "maximum": MAX_POINTS},
-                             description=f"at most {MAX_POINTS}")],
+        parameters=[SeriesQuery],
         responses=inline_serializer("MetricSeries", {
             "name": serializers.CharField(), "total": serializers.IntegerField(),
             "points": serializers.ListField(child=serializers.ListField())}),

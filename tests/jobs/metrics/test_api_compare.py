@@ -126,7 +126,7 @@ def test_anonymous_callers_are_refused(two):
 
 @pytest.mark.parametrize(("query", "field"), [
     ("", "jobs"), ("jobs=", "jobs"), ("jobs=a,b", "jobs"), ("jobs=-3", "jobs"),
-    ("jobs=99999999999", "jobs"),
+    ("jobs=9999999999999999999", "jobs"), ("jobs=0", "jobs"), ("jobs=1,,2", "jobs"),
     ("jobs=%C2%B2", "jobs"), ("jobs={a}&x=epoch", "x"), ("jobs={a}&points=1", "points"),
     ("jobs={a}&points=99999", "points"), ("jobs={a}&metric=" + "m" * 65, "metric"),
 ])
@@ -134,6 +134,10 @@ def test_bad_input_is_400_naming_the_field(owner, two, query, field):
     resp = get(owner, query.format(a=two[0].pk))
     assert resp.status_code == 400, resp.content
     assert field in resp.json()
+
+
+def test_an_id_of_the_right_shape_that_names_no_job_is_a_404(owner, two):
+    assert get(owner, "jobs=99999999999").status_code == 404
 
 
 def test_more_than_the_cap_of_jobs_is_400(owner, two):
