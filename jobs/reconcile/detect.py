@@ -171,6 +171,9 @@ def _code_failure(procs, crashed: list[JobEvent]) -> Failure:
 def _program_failure(procs) -> Failure:
     """A program without the SDK failed by itself: the job's, relaunched in
     place; no node is blamed for it (a crash loop ends it: jobs/recovery/)."""
+    # The node whose log holds the program's own error goes first: its
+    # rank is the root cause, the others' "a peer died" is collateral.
+    procs = sorted(procs, key=lambda p: _collateral_log(p))
     first = procs[0]
     error = _user_error(procs)
     detail = f": {error.line}" if error else ""
@@ -192,13 +195,17 @@ def _how(proc) -> str:
     return f"signal {proc.signal}" if proc.signal else f"exit {proc.exit_code}"
 
 
+def _collateral_log(proc) -> bool:
+    found = signature.user_error(proc.log_tail)
+    return found is None or signature.is_collateral(found.line)
+
+
 def _user_error(procs) -> signature.UserError | None:
-    """The program's own error line, from the first node whose log shows one."""
-    for proc in procs:
-        found = signature.user_error(proc.log_tail)
-        if found is not None:
-            return found
-    return None
+    """The program's own error line: from the first node whose log shows one
+    of its own, before any that only says a peer died under it."""
+    found = [e for e in (signature.user_error(p.log_tail) for p in procs) if e is not None]
+    own = [e for e in found if not signature.is_collateral(e.line)]
+    return (own or found or [None])[0]
 
 
 def _killed_failure(groups: dict[str, list]) -> Failure:
@@ -407,6 +414,12 @@ def detect(ctx: Ctx, attempt: JobAttempt, status) -> Detection:
     failure = classify_exits(ctx, attempt, status)
     if failure is not None and failure.cls == FailureClass.TRANSIENT:
         return _settle_transient(ctx, attempt, status, failure)
+    if failure is not None and _only_collateral(failure) and _root_cause_may_follow(
+            ctx, attempt, status):
+        # A rank whose peer died under it ("Connection closed by peer") may
+        # be seen before the peer's own error: wait for it, so the failure
+        # is told by its cause (the crash loop's signature included).
+        return Detection(wait_for_root_cause=True)
     if failure is not None:
         return Detection(failure)
     if status.state == "succeeded":
@@ -434,17 +447,29 @@ def start_failure(issues) -> Failure:
                    replace=False)
 
 
-def _settle_transient(ctx: Ctx, attempt: JobAttempt, status, failure: Failure) -> Detection:
-    """A peer that exits 84 may be seen before the rank that died and caused
-    it: wait `root_cause_grace_s` for the root cause while others still run;
-    silent peers by then are the cause, not a second failure."""
+def _only_collateral(failure: Failure) -> bool:
+    """A program's failure whose only error line is a peer's death."""
+    error = (failure.evidence.get("error") or {}).get("line")
+    return bool(failure.evidence.get("program")) and signature.is_collateral(error or "")
+
+
+def _root_cause_may_follow(ctx: Ctx, attempt: JobAttempt, status) -> bool:
+    """Whether to wait longer for a failure's root cause: other nodes still
+    run and `root_cause_grace_s` has not passed since the failure was seen."""
     first_seen = ctx.condition("RootCauseWait")
     if first_seen is None or first_seen.get("attempt") != attempt.id:
         ctx.set_condition("RootCauseWait", attempt=attempt.id, at=ctx.now.timestamp())
         first_seen = ctx.condition("RootCauseWait")
     waited = ctx.now.timestamp() - first_seen["at"]
     still_running = any(n.running for n in status.nodes)
-    if still_running and waited < ctx.config.root_cause_grace_s:
+    return still_running and waited < ctx.config.root_cause_grace_s
+
+
+def _settle_transient(ctx: Ctx, attempt: JobAttempt, status, failure: Failure) -> Detection:
+    """A peer that exits 84 may be seen before the rank that died and caused
+    it: wait `root_cause_grace_s` for the root cause while others still run;
+    silent peers by then are the cause, not a second failure."""
+    if _root_cause_may_follow(ctx, attempt, status):
         return Detection(wait_for_root_cause=True)
     hang = hang_failure(ctx, attempt)
     if hang is not None and hang.nodes:

@@ -7,8 +7,8 @@ budgets) → resume (jobs/reconcile/launch.py).
 
 The rules every provider follows (docs/fleet.md, "Blame needs evidence"):
 - a node is taken out only on evidence about the node: the scheduler saying
-  it is gone or not ready, a critical health event, missed node heartbeats,
-  or a health check run on it after the failure that fails; a rank's death
+  it is gone or not ready (its own heartbeats missed), a critical health
+  event, or a health check run on it after the failure that fails; a rank's death
   alone, or "it failed again", makes the node a suspect, checked before it
   is used again, never retired on that alone;
 - the node blamed is the one the rank ran on, as the provider observed it;

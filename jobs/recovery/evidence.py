@@ -11,8 +11,9 @@ something is wrong with it:
   (`NodeProcess.node_lost`), or, asked now, no longer lists it or reports
   it not ready, or its row left service already;
 - a health event: a critical one on it (XID, ECC, lost, a failed check)
-  since the attempt began;
-- a missed node heartbeat, where the provider reports them.
+  since the attempt began; missed node heartbeats are the scheduler's to
+  report (a kubelet's NotReady, a slurmd not responding: not ready above),
+  not the job's ranks going silent there.
 
 Not evidence against a node:
 - the provider could not be asked (an API server stalled): nothing is known;
@@ -139,10 +140,10 @@ def _against(ctx: Ctx, attempt: JobAttempt, node: Node | None, reported) -> dict
     ).exclude(kind=NodeHealthEvent.Kind.SPOT_NOTICE).values("id", "kind", "message")[:5])
     if events:
         return {"health_events": events}
-    deadline = ctx.config.heartbeat_deadline
-    if (node.last_heartbeat_at is not None
-            and (ctx.now - node.last_heartbeat_at).total_seconds() > deadline):
-        return {"missed_node_heartbeat": node.last_heartbeat_at.isoformat()}
+    # Node.last_heartbeat_at is when the job's own ranks on the node were
+    # last heard from: their silence is the job's evidence (a suspect), not
+    # the node's. The node's own heartbeats are the scheduler's to judge
+    # (a kubelet's NotReady, a slurmd not responding: `reported` above).
     return {}
 
 

@@ -58,6 +58,11 @@ class UserError:
         return {"line": self.line, "lines": list(self.lines), "rank": self.rank}
 
 
+def is_collateral(line: str) -> bool:
+    """Whether an error line is what a rank says when a peer died under it."""
+    return bool(_COLLATERAL.search(line or ""))
+
+
 def root_cause(log: str) -> RootCause | None:
     found = _ROOT_CAUSE.search(log or "")
     if found is None:

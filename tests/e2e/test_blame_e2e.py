@@ -43,7 +43,7 @@ def test_a_program_that_fails_the_same_way_every_time_ends_in_a_crash_loop_and_k
     fleet.wait("the job to fail", lambda: refreshed(job).phase == Phase.FAILED, job=job,
                timeout=240)
 
-    assert job.attempts.count() == 3
+    assert job.attempts.count() == 3, fleet.story(job)
     assert set(job.attempts.values_list("failure_class", flat=True)) == {"process"}
     assert job.last_error.startswith("crash loop: the same failure 3 times in a row")
     # The user's own line, found in a log that a 2,000-character tail misses.

@@ -123,8 +123,8 @@ def test_a_hung_rank_is_found_by_its_missed_heartbeats_and_its_node_fails_its_ch
     attempt.refresh_from_db()
     assert attempt.failure_class == "hang"
     restarting = job.events.get(kind="Restarting")
-    assert [s["rank"] for s in restarting.evidence["silent"]] == [1]
-    assert restarting.evidence["suspects"] == [node.name]
+    assert [s["rank"] for s in restarting.evidence["silent"]] == [1], fleet.story(job)
+    assert restarting.evidence.get("suspects") == [node.name], fleet.story(job)
     assert refreshed(node).state == Node.State.CORDONED
     assert node.health_events.filter(kind="nccl_test").exists()
     assert job.events.get(kind="PreflightFailed").evidence["node"] == node.name

@@ -353,6 +353,11 @@ class Command(BaseCommand):
                 except subprocess.TimeoutExpired:
                     _signal_group(proc, signal.SIGKILL)
                     proc.wait()
+            if group is apps:
+                # A launch the worker was carrying out as it stopped may have
+                # started ranks (and a node's next standby) after the first
+                # stop: those are stopped now that no task can start more.
+                stop_local_training(grace_s=5.0)
         for _, proc in self.procs:
             _signal_group(proc, signal.SIGKILL)  # stragglers of a group leader gone first
         self._say("stopped.")
