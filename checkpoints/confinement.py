@@ -180,7 +180,7 @@ def reported_step_uri_ok(storage_uri: str, step: int, uri: str) -> bool:
     """Whether a worker's checkpoint `uri` is exactly its job's `step-<step>`
     folder, spelled as the trainer's storage spells it: `file://<path>` or
     the plain path for a filesystem, `s3://bucket/prefix` for S3 (see
-    worker_image/trainer/storage.py, `step_uri`)."""
+    worker_image/regatta/storage.py, `step_uri`)."""
     return reported_key_uri_ok(storage_uri, f"step-{step}", uri)
 
 

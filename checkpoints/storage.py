@@ -289,7 +289,7 @@ def apply_retention(job, storage, protect=lambda: frozenset()) -> list[int]:
     """Prune one job's checkpoints; returns the steps deleted.
 
     The control plane is the one owner of deletion while a trainer reports to
-    it (the trainer deletes nothing then: worker_image/trainer/checkpoint.py,
+    it (the trainer deletes nothing then: worker_image/regatta/retention.py,
     `LeftToControlPlane`). Files go first, the row second: a row marked
     deleted never points at files that still exist, and a crash in between
     only leaves a row that the next sweep deletes again. Each checkpoint is

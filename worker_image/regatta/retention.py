@@ -28,7 +28,7 @@ class LeftToControlPlane:
 
     Only the control plane knows which checkpoint it verified last and which
     step a person pinned as a restart point, so it alone prunes
-    (checkpoints/retention.py, fed by the checkpoint reports). A rank
+    (checkpoints/storage.py's `apply_retention`, fed by the checkpoint reports). A rank
     pruning by count could delete the very step the next attempt is told
     to resume from.
     """
