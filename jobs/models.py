@@ -197,16 +197,16 @@ class TrainingJob(models.Model):
     checkpoint_interval_steps = models.PositiveIntegerField(null=True, blank=True)
     checkpoint_interval_inputs = models.JSONField(default=dict, blank=True)
 
-    # Restart budgets (jobs/reconcile/budgets.py).
+    # Restart budgets (jobs/recovery/budgets.py).
     restart_budgets = models.JSONField(default=default_restart_budgets)
     # The window of progress after which a class's spent restarts are
-    # forgiven (jobs/reconcile/budgets.py); 0 turns that half of the window off.
+    # forgiven (jobs/recovery/budgets.py); 0 turns that half of the window off.
     budget_reset_steps = models.PositiveIntegerField(default=1000)
     budget_reset_minutes = models.PositiveIntegerField(default=60)
     # Restarts per class in this run, forgiven or not ("N in all").
     restart_counts = models.JSONField(default=dict, blank=True)
     # Restarts per class charged to the job within the window: what the
-    # budget is held against (jobs/reconcile/budgets.py).
+    # budget is held against (jobs/recovery/budgets.py).
     budget_spent = models.JSONField(default=dict, blank=True)
     # Per class, the step and time of its last failure; and the streak of
     # unconfirmed failures on fresh nodes.
@@ -550,7 +550,7 @@ class JobAttempt(models.Model):
     def note_stop_by_control_plane(self, now=None) -> None:
         """The control plane itself is stopping this attempt (Ctrl-C of
         `make run`): its ranks' exit 83 is then a stop from outside the job,
-        never charged to its budget (jobs/reconcile/budgets.py). Also carried to the
+        never charged to its budget (jobs/recovery/budgets.py). Also carried to the
         trainer as the `stop` directive."""
         JobAttempt.objects.filter(pk=self.pk, stop_requested_at__isnull=True).update(
             stop_requested_at=now or timezone.now())

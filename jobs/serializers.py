@@ -7,7 +7,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from jobs.admission import quota_usage
-from jobs.reconcile import budgets
+from jobs.recovery import budgets
 
 from .models import (
     AttemptNode,

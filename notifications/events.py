@@ -45,7 +45,7 @@ def types_for(event: JobEvent) -> list[str]:
 
 
 def _budget_spent(event: JobEvent) -> bool:
-    # jobs/reconcile/failures.py `_fail` names the class's budget in the
+    # jobs/recovery/handle.py `_fail` names the class's budget in the
     # evidence. A budget of 0 (a code error fails fast) had no restarts to
     # spend: that is a plain failure.
     budget = (event.evidence or {}).get("budget")
@@ -55,7 +55,7 @@ def _budget_spent(event: JobEvent) -> bool:
 def _preempted(event: JobEvent) -> bool:
     # "Preempted": evicted for another gang (jobs/reconcile/preemption.py);
     # "Restarting" of class preempted: a spot notice or drain took the nodes
-    # (jobs/reconcile/failures.py).
+    # (jobs/recovery/handle.py).
     if event.kind == "Preempted":
         return True
     return (event.kind == "Restarting"

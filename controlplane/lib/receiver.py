@@ -6,7 +6,7 @@ heartbeat deadline that kept counting would call every running job hung and
 restart it, work lost, on the control plane's own fault (what the SDK's
 buffering keeps the metrics safe from). So each web process marks in Redis
 that it is listening, every MARK_EVERY_S, and the hang detector
-(jobs/reconcile/detect.py) counts a rank's silence only from the moment the
+(jobs/recovery/detect.py) counts a rank's silence only from the moment the
 web was last back, and not at all while no web is listening.
 
 Two keys, kept without expiry so that an outage leaves them behind:

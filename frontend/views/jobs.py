@@ -8,7 +8,7 @@ from clusters.models import Cluster
 from frontend import charts, jobdetail, profiles, scoping
 from jobs import services
 from jobs.models import Phase
-from jobs.reconcile import budgets
+from jobs.recovery import budgets
 
 from . import live
 

@@ -23,13 +23,13 @@ from controlplane.lib.reconcile import Result
 from jobs import admission, evals, goodput
 from jobs.checkpointing import interval as checkpoint_interval
 from jobs.checkpointing import open_job_storage
-from jobs.reconcile import drain, failures, finish, launch, preemption, startup, waiting
-from jobs.recovery import evidence
+from jobs.context import Ctx
+from jobs.reconcile import drain, finish, launch, preemption, startup, waiting
+from jobs.recovery import evidence, handle
+from jobs.recovery.detect import ALL_REPORTING, Failure, detect
 from jobs.worker_api import undelivered
 
 from ..models import NO_HEARTBEATS, JobAttempt, Phase, RankStatus, TrainingJob
-from .common import Ctx
-from .detect import ALL_REPORTING, Failure, detect
 
 __all__ = ["JOBS", "due_job_ids", "reconcile_job_unlocked", "reconcile_job_locked"]
 
@@ -181,7 +181,7 @@ def _watch(ctx: Ctx) -> Result:
             return _relaunch_now(ctx, result)
         held = waiting.on_held_nodes(ctx, attempt)
         if held is not None:
-            return _relaunch_now(ctx, failures.handle(ctx, attempt, held))
+            return _relaunch_now(ctx, handle.handle(ctx, attempt, held))
         return waiting.note(ctx, attempt, found.waits)
     waiting.clear(ctx, attempt)
     if found.wait_for_root_cause:
@@ -190,11 +190,11 @@ def _watch(ctx: Ctx) -> Result:
         # A killed or silent rank takes its node out only on the node's own
         # evidence (jobs/recovery/evidence.py).
         failure = evidence.attribute(ctx, attempt, found.failure)
-        return _relaunch_now(ctx, failures.handle(ctx, attempt, failure))
+        return _relaunch_now(ctx, handle.handle(ctx, attempt, failure))
     if status.state == "succeeded":
         return finish.succeed(ctx, attempt)
     if status.state == "unknown":
-        return failures.handle(ctx, attempt, Failure(
+        return handle.handle(ctx, attempt, Failure(
             "transient", f"the provider lost the attempt: {status.message}", replace=False))
     result = drain.check(ctx, attempt)
     if result is not None:

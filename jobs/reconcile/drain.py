@@ -17,13 +17,13 @@ from datetime import datetime
 from django.utils.dateparse import parse_datetime
 
 from checkpoints.models import Checkpoint
+from clusters.acts import send_drain
 from clusters.models import Node, NodeHealthEvent
-from clusters.reconcile.nodes import send_drain
 from controlplane.lib.reconcile import Result
+from jobs.context import Ctx
 from jobs.models import FailureClass, JobAttempt
-from jobs.reconcile.common import Ctx
-from jobs.reconcile.detect import Failure
-from jobs.reconcile.failures import handle
+from jobs.recovery.detect import Failure
+from jobs.recovery.handle import handle
 
 # EC2 warns two minutes before it acts; its EventBridge warning, and the taint
 # Node Termination Handler sets from it, carry when the warning came.

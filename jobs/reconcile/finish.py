@@ -17,12 +17,12 @@ from checkpoints.export import export_final, has_model
 from checkpoints.models import Checkpoint
 from controlplane.lib.reconcile import Result
 from jobs import admission, evals, goodput
+from jobs.context import Ctx
+from jobs.recovery.detect import Failure
+from jobs.recovery.handle import handle
 
 from ..checkpointing import newest_verified, open_job_storage
 from ..models import FailureClass, JobAttempt, JobEvent, Phase, TrainingJob
-from .common import Ctx
-from .detect import Failure
-from .failures import handle
 
 
 def _release(ctx: Ctx, attempt: JobAttempt | None) -> None:

@@ -14,25 +14,22 @@ import json
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Min
 
-from checkpoints.models import Checkpoint
+from clusters.acts import cordon_with_evidence, fill_vacancies, judge_check
 from clusters.models import Cluster, Node, NodeHealthEvent
 from clusters.providers import LaunchRequest, Placement, PreflightResult
-from clusters.reconcile import check_verdict
-from clusters.reconcile.promotion import fill_vacancies
-from clusters.reconcile.replacement import cordon_with_evidence
 from controlplane.lib import locks
 from controlplane.lib.errors import CannotRun
 from controlplane.lib.reconcile import Result
 from controlplane.lib.transitions import event_time
 from jobs import evals, signals
 from jobs.admission import busy_node_ids, placement, request_admission
+from jobs.context import Ctx
 from jobs.recovery import evidence as recovery_evidence
+from jobs.recovery import resume
 
-from ..checkpointing import abandon_branch, job_checkpoint_uri, newest_verified
+from ..checkpointing import abandon_branch, job_checkpoint_uri
 from ..models import AttemptNode, FailureClass, JobAttempt, Phase, TrainingJob
-from .common import Ctx
 
 MAX_PREFLIGHT_ROUNDS = 3
 # How soon a pass looks again at a preflight that runs beside it.
@@ -197,7 +194,7 @@ def _preflight(ctx: Ctx, attempt: JobAttempt) -> bool | None:
             job.record("PreflightPassed", result.message, attempt=attempt, now=ctx.now,
                        evidence={"allreduce_gbps": result.allreduce_gbps, "nodes": checked})
             return True
-        verdict = check_verdict.judge(ctx.cluster, result, [p.node for p in placements],
+        verdict = judge_check(ctx.cluster, result, [p.node for p in placements],
                                       ctx.now)
         if not verdict.blamed:
             # Failing on every node alike (or as it has on others before):
@@ -280,33 +277,9 @@ def trainer_config(job: TrainingJob) -> dict:
     return config
 
 
-def resume_point(ctx: Ctx, attempt: JobAttempt):
-    """(checkpoint or None, whether a person's restart_from_step was used)."""
-    job = ctx.job
-    if job.is_eval:
-        # Exactly the parent's step it evaluates, every attempt.
-        return evals.source_checkpoint(job), False
-    asked = job.restart_from_step
-    honoured = (ctx.condition("RestartFromStep") or {}).get("generation")
-    if asked is not None and honoured != job.generation:
-        return newest_verified(job, ctx.now, at_most=_below_own(attempt, asked)), True
-    return newest_verified(job, ctx.now, at_most=_below_own(attempt, None)), False
-
-
-def _below_own(attempt: JobAttempt, at_most: int | None) -> int | None:
-    """Cap the resume point below the attempt's own checkpoints: when a pass
-    died after launching it, its ranks went on training and checkpointing,
-    and the pass that adopts them must not record that the attempt resumed
-    from its own work."""
-    own = Checkpoint.objects.filter(attempt=attempt).aggregate(first=Min("step"))["first"]
-    if own is None:
-        return at_most
-    return own - 1 if at_most is None else min(at_most, own - 1)
-
-
 def _launch(ctx: Ctx, attempt: JobAttempt) -> None:
     job = ctx.job
-    checkpoint, by_person = resume_point(ctx, attempt)
+    checkpoint, by_person = resume.checkpoint_for(ctx, attempt)
     token = attempt.issue_token()
     # An eval run reads its parent's storage (and writes nothing there).
     storage_job = job.parent if job.is_eval else job
@@ -378,7 +351,7 @@ def _launch(ctx: Ctx, attempt: JobAttempt) -> None:
             started_at=job.started_at or ctx.now,
         )
         if checkpoint is not None:
-            _record_resume(ctx, attempt, checkpoint, by_person)
+            resume.record(ctx, attempt, checkpoint, by_person)
 
 
 def _command(job: TrainingJob) -> tuple[str, ...]:
@@ -386,20 +359,3 @@ def _command(job: TrainingJob) -> tuple[str, ...]:
     if not job.entrypoint:
         return ()
     return (*job.entrypoint, *(job.args or ()))
-
-
-def _record_resume(ctx: Ctx, attempt: JobAttempt, checkpoint, by_person: bool) -> None:
-    previous = (JobAttempt.objects.filter(job=ctx.job, number__lt=attempt.number)
-                .exclude(first_step_at=None).order_by("-number").first())
-    steps_lost = max(0, previous.last_step - checkpoint.step) if previous else 0
-    seconds_lost = 0.0
-    if previous is not None and previous.ended_at is not None:
-        since = max(checkpoint.created_at, previous.first_step_at)
-        seconds_lost = max(0.0, (previous.ended_at - since).total_seconds())
-    ctx.job.record(
-        "ResumedFromCheckpoint",
-        f"resuming from step {checkpoint.step}" + (" (asked by a person)" if by_person else ""),
-        attempt=attempt, now=ctx.now,
-        evidence={"step": checkpoint.step, "uri": checkpoint.uri, "steps_lost": steps_lost,
-                  "seconds_lost": round(seconds_lost, 3), "requested": by_person},
-    )

@@ -19,9 +19,9 @@ from checkpoints.models import Checkpoint
 from controlplane.lib.reconcile import Result
 from jobs import admission, goodput
 from jobs.admission.sharing import EVICTING
+from jobs.context import Ctx
 from jobs.goodput.models import GoodputEntry
 from jobs.models import FailureClass, JobAttempt, Phase
-from jobs.reconcile.common import Ctx
 
 
 def check(ctx: Ctx, attempt: JobAttempt, status) -> Result | None:

@@ -20,9 +20,9 @@ use the SDK: its `NoHeartbeats` condition says what there is to say).
 from __future__ import annotations
 
 from clusters.providers.base import RankActivity
+from jobs.context import Ctx
 
 from ..models import JobAttempt, RankStatus
-from .common import Ctx
 
 REPORT = "StartupReport"
 

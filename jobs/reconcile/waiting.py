@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from clusters.models import Node
 from controlplane.lib.reconcile import Result
+from jobs.context import Ctx
+from jobs.recovery.budgets import SCHEDULER_HOLD
+from jobs.recovery.detect import START_WAIT, Failure
 
 from ..models import FailureClass, JobAttempt, TrainingJob
-from .budgets import SCHEDULER_HOLD
-from .common import Ctx
-from .detect import START_WAIT, Failure
 
 EVENT = "WaitingToStart"
 

@@ -1,7 +1,7 @@
 """Recovery: what a failure means, and who pays for it.
 
-failure (jobs/reconcile/detect.py) → attribution (evidence.py: which node,
-if any, the evidence points at) → take-out (jobs/reconcile/failures.py,
+failure (jobs/recovery/detect.py) → attribution (evidence.py: which node,
+if any, the evidence points at) → take-out (jobs/recovery/handle.py,
 through clusters' node acts) → restart decision (crash_loop.py, then the
 budgets) → resume (jobs/reconcile/launch.py).
 

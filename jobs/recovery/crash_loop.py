@@ -12,7 +12,7 @@ A failure with another signature, or one after the job got further than
 where the loop began, starts the count again: a long run that is killed
 by the OOM killer once a day is no crash loop.
 
-Pure functions over the job's fields: failures.py writes what they return.
+Pure functions over the job's fields: handle.py writes what they return.
 """
 
 from __future__ import annotations

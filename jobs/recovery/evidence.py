@@ -36,9 +36,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 from clusters.models import Node, NodeEvent, NodeHealthEvent
+from jobs.context import Ctx
 from jobs.models import FailureClass, JobAttempt
-from jobs.reconcile.common import Ctx
-from jobs.reconcile.detect import Failure
+from jobs.recovery.detect import Failure
 
 from . import crash_loop
 

@@ -325,7 +325,7 @@ def test_the_grace_period_goes_into_the_pods_as_a_whole_number():
 
 
 def test_preflight_on_or_off_is_read_as_the_job_reconciler_reads_it():
-    """jobs/reconcile/common.py reads `preflight` as true/false; false must not
+    """jobs/context.py reads `preflight` as true/false; false must not
     make the cluster's settings unreadable."""
     assert KubeSettings.parse({"preflight": False}).preflight == "allreduce"
     assert KubeSettings.parse({"preflight": True}).preflight == "allreduce"

@@ -52,7 +52,7 @@ def test_a_killed_node_is_taken_out_replaced_from_the_spares_and_the_job_resumes
     first = kinds.index("NodeFailed")
     # The job's reconcile cordons the node, unless the node's own "lost"
     # report, handled by the cluster's reconcile, took it out first
-    # (jobs/reconcile/failures.py `_take_out`): the two race, and either way
+    # (jobs/recovery/handle.py `_take_out`): the two race, and either way
     # the timeline says why the node is out before its replacement.
     out_kind = kinds[first + 1]
     assert out_kind in ("NodeCordoned", "NodeOutOfService")

@@ -1,4 +1,4 @@
-"""Restart budgets that forgive the fleet (jobs/reconcile/budgets.py): node faults are
+"""Restart budgets that forgive the fleet (jobs/recovery/budgets.py): node faults are
 charged to the nodes, a window of progress forgives old failures, and an
 ended job runs again from a chosen checkpoint. In-memory provider, real
 PostgreSQL."""

@@ -7,7 +7,8 @@ from django.utils import timezone
 
 from clusters.models import Node, NodeEvent, NodeHealthEvent
 from jobs.models import Phase
-from jobs.reconcile import budgets, reconcile_job_unlocked
+from jobs.reconcile import reconcile_job_unlocked
+from jobs.recovery import budgets
 from tests.fleet_helpers import (
     heartbeat,
     later,

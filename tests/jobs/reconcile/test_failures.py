@@ -250,7 +250,7 @@ def test_a_rank_without_an_exit_record_beside_its_peers_84_was_killed(mem_cluste
 
 def test_a_spent_budget_fails_the_job_and_says_which_budget(mem_cluster, mem_team):
     """A lost fresh node with no health event to confirm it is
-    forgiven twice; the third in a row is the job's (jobs/reconcile/budgets.py)."""
+    forgiven twice; the third in a row is the job's (jobs/recovery/budgets.py)."""
     now = timezone.now()
     job, attempt = running_job(mem_cluster, mem_team, now,
                                restart_budgets={"hardware": 0, "code": 0, "transient": 3,

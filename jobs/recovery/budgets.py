@@ -14,7 +14,7 @@ Two rules decide whether a failure spends the job's budget for its class:
    failures in a row, each on nodes that never failed before, make the job the
    likely cause, and from then on they are charged to it.
 
-Pure functions over the job's fields: failures.py writes what they return.
+Pure functions over the job's fields: handle.py writes what they return.
 """
 
 from __future__ import annotations

@@ -6,15 +6,14 @@ budget or fail with the evidence.
 from __future__ import annotations
 
 from checkpoints.models import Checkpoint
+from clusters.acts import take_out
 from clusters.models import Node, NodeHealthEvent
-from clusters.reconcile.replacement import take_out
 from controlplane.lib.reconcile import Result
 from jobs import admission, goodput
-from jobs.reconcile import budgets
-from jobs.recovery import crash_loop, evidence
+from jobs.context import Ctx
+from jobs.recovery import budgets, crash_loop, evidence
 
 from ..models import FailureClass, JobAttempt, Phase
-from .common import Ctx
 from .detect import Failure, health_evidence
 
 # Classes whose bad nodes leave service (cordoned, replaced from the spares).

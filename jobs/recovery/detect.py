@@ -18,11 +18,11 @@ from datetime import datetime
 
 from clusters.models import NodeHealthEvent
 from controlplane.lib import receiver
+from jobs.context import Ctx
 from jobs.recovery import signature
 
 from ..models import FailureClass, JobAttempt, JobEvent, RankStatus
 from . import budgets
-from .common import Ctx
 
 CODE_EXITS = frozenset({1, 85})
 CONFIG_EXIT = 85

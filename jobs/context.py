@@ -7,8 +7,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from clusters.providers import get_provider, pool_info
-
-from ..models import JobAttempt, TrainingJob
+from jobs.models import JobAttempt, TrainingJob
 
 
 @dataclass
