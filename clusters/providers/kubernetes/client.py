@@ -198,7 +198,7 @@ class KubernetesProvider:
         return self.reads.nodes(dict(pool.node_selector))
 
     def list_nodes(self, pool: PoolInfo) -> list[NodeInfo]:
-        nodes = [node_info(n) for n in self._pool_nodes(pool)]
+        nodes = [self.reads.derived("info", n, node_info) for n in self._pool_nodes(pool)]
         if pool.settings.node_autoscaler == "karpenter":
             return nodes + self._spares_coming(pool, {n.name for n in nodes})
         if not pool.settings.asg_name:
@@ -257,7 +257,13 @@ class KubernetesProvider:
         return node
 
     def health_signals(self, pool: PoolInfo) -> list[HealthSignal]:
-        signals = [s for n in self._pool_nodes(pool) for s in node_signals(n, self.settings)]
+        settings = self.settings
+        # What node_signals reads of the settings: the memo's key with the node's.
+        reads = repr((sorted(settings.health_conditions.items()),
+                      sorted(settings.health_labels.items())))
+        signals = [s for n in self._pool_nodes(pool)
+                   for s in self.reads.derived(f"signals {reads}", n,
+                                               lambda node: node_signals(node, settings))]
         if pool.settings.spot_queue_url:
             signals.extend(self.aws().spot_signals(pool))
         return signals
@@ -276,9 +282,9 @@ class KubernetesProvider:
             return
         mark = {CORDONED_BY_REGATTA: "true"} if value else {CORDONED_BY_REGATTA: None}
         # 404: gone since; the node listing reports it lost.
-        self._call(f"patch node {node}", self.core.patch_node, node,
-                   {"metadata": {"annotations": mark}, "spec": {"unschedulable": value}},
-                   ok=(404,))
+        self.reads.wrote("nodes", self._json(
+            f"patch node {node}", self.core.patch_node, node,
+            {"metadata": {"annotations": mark}, "spec": {"unschedulable": value}}, ok=(404,)))
 
     def cordon(self, pool: PoolInfo, node: str) -> None:
         self._set_unschedulable(node, True)
@@ -296,8 +302,9 @@ class KubernetesProvider:
             return
         if CORDONED_BY_REGATTA in ((found.get("metadata") or {}).get("annotations") or {}):
             return
-        self._call(f"patch node {node}", self.core.patch_node, node,
-                   {"metadata": {"annotations": {CORDONED_BY_REGATTA: "true"}}}, ok=(404,))
+        self.reads.wrote("nodes", self._json(
+            f"patch node {node}", self.core.patch_node, node,
+            {"metadata": {"annotations": {CORDONED_BY_REGATTA: "true"}}}, ok=(404,)))
 
     def uncordon(self, pool: PoolInfo, node: str) -> None:
         self._set_unschedulable(node, False)

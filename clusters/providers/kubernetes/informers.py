@@ -8,9 +8,11 @@ resourceVersion (with bookmarks, so a quiet watch still moves its
 resourceVersion on and its restart does not replay history); a watch the
 server ends is resumed from the last resourceVersion seen, a 410 Gone
 (that history compacted) relists, and a full relist every `RESYNC_S`
-repairs whatever a lost event could have left wrong. A pass reads the
-cache: its cost no longer grows with the fleet, and the API server's load
-from Regatta is one watch per kind while nothing changes.
+repairs whatever a lost event could have left wrong. Lists come from the
+API server's watch cache in one response each. A pass reads the cache: its
+cost no longer grows with the fleet, and Regatta's requests while nothing
+changes are a watch renewal a minute and a list every `RESYNC_S` per kind,
+however large the fleet.
 
 Why not a library: the `kubernetes` client has watches but no informer, and
 the Python operator frameworks (kopf) run their own event loop and
@@ -52,15 +54,19 @@ log = logging.getLogger(__name__)
 WATCH_S = 60
 WATCH_SLACK_S = 15
 RESYNC_S = 600.0
+# A whole list of a large fleet may take the server a while on a loaded
+# machine; the list runs in the informer's thread, and holds no pass.
+LIST_READ_S = 120.0
 # A watch the server ends this soon having sent nothing (client-go's
 # reflector calls it a "very short watch") is asked again after a back-off:
 # looping on it at once would hammer a server that closes every watch.
 SHORT_WATCH_S = 1.0
-PAGE = 500
 # An informer nobody read for this long stops (a cluster deleted, a test's
 # stand-in server gone); the next read starts it again.
 IDLE_STOP_S = 900.0
 TOMBSTONES_KEPT = 2000
+# What passes derived from cached objects, kept per object and version.
+MEMO_KEPT = 100_000
 TOMBSTONE_TTL_S = 3600.0
 
 
@@ -80,6 +86,16 @@ class Resource:
 def _key(obj: dict) -> str:
     meta = obj.get("metadata") or {}
     return f"{meta.get('namespace') or ''}/{meta.get('name')}"
+
+
+def _older(obj: dict, than: dict | None) -> bool:
+    """Whether `obj` is an older version than `than`. resourceVersions are
+    opaque, but the API server's are etcd's revisions: numbers that grow."""
+    if than is None:
+        return False
+    mine = (obj.get("metadata") or {}).get("resourceVersion") or ""
+    theirs = (than.get("metadata") or {}).get("resourceVersion") or ""
+    return mine.isdigit() and theirs.isdigit() and int(mine) < int(theirs)
 
 
 def _slim(obj: dict) -> dict:
@@ -206,19 +222,18 @@ class Informer:
         return failures
 
     def _relist(self) -> None:
-        items, cont, rv = {}, None, None
-        while True:
-            resp = self.resource.list_fn(limit=PAGE, _continue=cont, _preload_content=False,
-                                         _request_timeout=self.timeout)
-            doc = json.loads(resp.data)
-            for obj in doc.get("items") or []:
-                items[_key(obj)] = _slim(obj)
-            meta = doc.get("metadata") or {}
-            rv = rv or meta.get("resourceVersion")
-            cont = meta.get("continue")
-            if not cont:
-                rv = meta.get("resourceVersion") or rv
-                break
+        # From the API server's watch cache (resourceVersion "0"), in one
+        # response: a list whose request count grew with the fleet (pages of
+        # 500) would make Regatta's requests per minute grow with it at each
+        # resync, and the watch cache spares etcd the read. The watch that
+        # follows starts from the list's resourceVersion, so nothing between
+        # the two is missed.
+        resp = self.resource.list_fn(resource_version="0", _preload_content=False,
+                                     _request_timeout=(self.timeout[0],
+                                                       max(self.timeout[1], LIST_READ_S)))
+        doc = json.loads(resp.data)
+        items = {_key(obj): _slim(obj) for obj in doc.get("items") or []}
+        rv = (doc.get("metadata") or {}).get("resourceVersion")
         with self._mutex:
             for key in set(self._store) - set(items):
                 self._bury(key, self._store[key])
@@ -266,7 +281,9 @@ class Informer:
         rv = (obj.get("metadata") or {}).get("resourceVersion")
         if kind in ("ADDED", "MODIFIED"):
             with self._mutex:
-                self._store[_key(obj)] = _slim(obj)
+                key = _key(obj)
+                if not _older(obj, self._store.get(key)):
+                    self._store[key] = _slim(obj)
         elif kind == "DELETED":
             with self._mutex:
                 key = _key(obj)
@@ -274,6 +291,15 @@ class Informer:
                 self._bury(key, _slim(obj))
         if rv:
             self._rv = rv
+
+    def wrote(self, obj: dict) -> None:
+        """The server's answer to a write of this process (a patched Node):
+        read at once by the passes that follow, not a watch event later (a
+        return to service must not see the cordon it just lifted)."""
+        with self._mutex:
+            key = _key(obj)
+            if key in self._store and not _older(obj, self._store[key]):
+                self._store[key] = _slim(obj)
 
     def _bury(self, key: str, obj: dict) -> None:
         uid = (obj.get("metadata") or {}).get("uid") or key
@@ -329,6 +355,7 @@ class ClusterCache:
         self._resources = resources(api, namespace, pod_selector)
         self._informers: dict[str, Informer] = {}
         self._mutex = threading.Lock()
+        self._memo: dict[tuple[str, str], tuple[str, object]] = {}
 
     def informer(self, kind: str) -> Informer:
         with self._mutex:
@@ -337,6 +364,18 @@ class ClusterCache:
                 found = self._informers[kind] = Informer(self._resources[kind], self.reach,
                                                          self.timeout)
             return found
+
+    def memo(self, what: str, key: str, version: str, make: Callable[[], object]):
+        """What `make()` gives for version `version` of object `key`, made
+        once per version (an object's resourceVersion changes with it)."""
+        found = self._memo.get((what, key))
+        if found is not None and found[0] == version:
+            return found[1]
+        value = make()
+        if len(self._memo) > MEMO_KEPT:
+            self._memo.clear()  # objects gone long ago; the next pass remakes the rest
+        self._memo[(what, key)] = (version, value)
+        return value
 
     def started(self) -> dict[str, Informer]:
         with self._mutex:

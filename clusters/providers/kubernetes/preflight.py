@@ -120,9 +120,12 @@ def _start(provider, pool, placements, trainjob: bool, label: str) -> str:
 
 
 def _running_check(provider, kind, label: str) -> dict | None:
-    """The newest check of these placements that is not being deleted."""
-    checks = [j for j in provider.reads.jobs(kind, f"{LABEL_CHECKS}={label}")
-              if not j["metadata"].get("deletionTimestamp")]
+    """The newest check of these placements that is not being deleted. One
+    the cache has not seen yet (made a moment ago, by this pass or another
+    worker's) is asked of the server before a second is started."""
+    selector = f"{LABEL_CHECKS}={label}"
+    found = provider.reads.jobs(kind, selector) or provider.reads.jobs_unseen(kind, selector)
+    checks = [j for j in found if not j["metadata"].get("deletionTimestamp")]
     checks.sort(key=lambda j: j["metadata"].get("creationTimestamp") or "")
     return checks[-1] if checks else None
 
