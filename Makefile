@@ -147,6 +147,7 @@ slurm-down:
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports --no-cache
+	$(PY) tools/imports_first.py
 
 clean:
 	rm -rf .regatta staticfiles test-artifacts

@@ -50,6 +50,8 @@ import msgspec
 import psycopg
 import requests
 
+from jobs.worker_api.tokens import issue as issue_token
+
 ROOT = Path(__file__).resolve().parents[1]
 MLFLOW_VENV = ROOT / ".bench-venv" / "mlflow"
 MLFLOW_VERSION = "3.17.2"
@@ -317,7 +319,7 @@ def regatta_rows() -> tuple[list, list]:
         job = TrainingJob.objects.create(name=name, team=team, cluster=cluster, num_nodes=1,
                                          gpus_per_node=8, phase="running")
         row = JobAttempt.objects.create(job=job, number=1, state="running")
-        return row.pk, row.issue_token()
+        return row.pk, issue_token(row)
 
     metric = [attempt(f"metrics-{i}") for i in range(CLIENTS)]
     beats = [attempt(f"ranks-{i}") for i in range(RANKS // RANKS_PER_ATTEMPT)]

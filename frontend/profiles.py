@@ -8,6 +8,7 @@ from itertools import groupby
 from django.urls import reverse
 
 from jobs.profiling import MAX_PROFILE_STEPS, traces_of
+from jobs.profiling import requests as profile_requests
 
 # The page shows the newest few; the API lists them all.
 PROFILES_SHOWN = 5
@@ -37,4 +38,4 @@ def recent_profiles(job) -> list[dict]:
 def context(job) -> dict:
     attempt = job.running_attempt() if job.phase == "running" else None
     return {"profiles": recent_profiles(job), "max_profile_steps": MAX_PROFILE_STEPS,
-            "profile_pending": bool(attempt and attempt.profile_pending())}
+            "profile_pending": bool(attempt and profile_requests.pending(attempt))}

@@ -14,7 +14,6 @@ from django.utils import timezone
 
 from controlplane.lib.errors import IllegalTransition
 from controlplane.lib.transitions import change_state, change_states, event_time
-from jobs.worker_api import tokens as worker_tokens
 
 
 class Team(models.Model):
@@ -485,21 +484,6 @@ class JobAttempt(models.Model):
                               **fields)
         return source is not None
 
-    def issue_token(self) -> str:
-        """This attempt's worker token; only its hash is kept.
-
-        Derived from SECRET_KEY and the attempt rather than drawn at random,
-        so every pass gets the same one: a pass that died after the provider
-        started the ranks, and before the row said so, leaves the next pass
-        adopting those ranks, and the token they hold must still be accepted
-        (tests/e2e/test_worker_crash_e2e.py). It carries the ids its HMAC
-        covers, so the worker endpoints check it without a read
-        (jobs/worker_api/tokens.py)."""
-        raw = worker_tokens.make(self.pk, self.job_id, self.number)
-        self.token_hash = hash_token(raw)
-        JobAttempt.objects.filter(pk=self.pk).update(token_hash=self.token_hash)
-        return raw
-
     def request_checkpoint(self, actor: str, now=None) -> str:
         """Ask the running trainer for a checkpoint now: a fresh request id
         goes out on the next heartbeat reply. Raises IllegalTransition unless
@@ -518,34 +502,6 @@ class JobAttempt(models.Model):
             self.job.record("CheckpointRequested", f"checkpoint asked by {actor}", actor=actor,
                             attempt=self, evidence={"request_id": request_id}, now=now)
         return request_id
-
-    def profile_pending(self) -> bool:
-        """A profile was asked for and no rank has sent its trace yet."""
-        return bool(self.profile_request_id) and not ProfileTrace.objects.filter(
-            attempt=self, request_id=self.profile_request_id).exists()
-
-    def request_profile(self, steps: int, actor: str, now=None) -> tuple[str, bool]:
-        """Ask every rank of the running gang to profile its next `steps`
-        steps: (request id, whether it is new). Idempotent while a request
-        is pending: the pending one is returned and nothing is written.
-        Raises IllegalTransition unless the attempt runs."""
-        now = now or timezone.now()
-        with transaction.atomic():
-            locked = JobAttempt.objects.select_for_update().filter(pk=self.pk).first()
-            if locked is None or locked.state != self.State.RUNNING:
-                raise IllegalTransition("attempt", self.pk,
-                                        locked.state if locked else self.state, "profile")
-            if locked.profile_pending():
-                self.refresh_from_db()
-                return locked.profile_request_id, False
-            request_id = secrets.token_hex(8)
-            JobAttempt.objects.filter(pk=self.pk).update(
-                profile_request_id=request_id, profile_steps=steps, profile_requested_at=now)
-            self.refresh_from_db()
-            self.job.record("ProfileRequested", f"profile of the next {steps} steps asked by "
-                            f"{actor}", actor=actor, attempt=self,
-                            evidence={"request_id": request_id, "steps": steps}, now=now)
-        return request_id, True
 
     def note_stop_by_control_plane(self, now=None) -> None:
         """The control plane itself is stopping this attempt (Ctrl-C of
@@ -645,12 +601,3 @@ class JobEvent(models.Model):
 
     def __str__(self):
         return f"{self.job_id} {self.kind}"
-
-
-# Models that belong to one feature live with it (jobs/metrics/models.py,
-# jobs/goodput/models.py, jobs/profiling/models.py); Django finds a model
-# where the app's models module imports it. Last, since the features'
-# packages import the models above.
-from jobs.goodput.models import GoodputEntry  # noqa: E402, F401
-from jobs.metrics.models import MetricName, MetricPoint, MetricRollup  # noqa: E402, F401
-from jobs.profiling.models import ProfileTrace  # noqa: E402, F401

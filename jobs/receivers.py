@@ -3,7 +3,8 @@
 from django.db.models.signals import pre_delete
 from django.dispatch import receiver
 
-from .models import JobAttempt, MetricPoint
+from .metrics.models import MetricPoint
+from .models import JobAttempt
 
 
 @receiver(pre_delete, sender=JobAttempt, dispatch_uid="jobs.delete_attempt_points")

@@ -1,6 +1,5 @@
 """Output serializers: what the API shows. Input is checked in validators.py."""
 
-from django.db.models import Sum
 from django.urls import reverse
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
@@ -12,10 +11,8 @@ from jobs.recovery import budgets
 from .models import (
     AttemptNode,
     FailureClass,
-    GoodputEntry,
     JobAttempt,
     JobEvent,
-    ProfileTrace,
     Quota,
     RankStatus,
     Team,
@@ -71,39 +68,6 @@ class JobSerializer(serializers.ModelSerializer):
 
     def get_url(self, job) -> str:
         path = reverse("jobs:job-detail", args=[job.pk])
-        request = self.context.get("request")
-        return request.build_absolute_uri(path) if request else path
-
-
-class EvalRunSerializer(serializers.ModelSerializer):
-    """One eval run as its parent lists it: the step, how it went, and
-    what it reported (val_loss and friends, the generated samples)."""
-
-    pool = serializers.CharField(source="pool.name", read_only=True, allow_null=True,
-                                 default=None)
-    url = serializers.SerializerMethodField()
-    metrics = serializers.SerializerMethodField()
-    samples = serializers.SerializerMethodField()
-    attempts = serializers.IntegerField(source="attempt_count", read_only=True, default=0)
-
-    class Meta:
-        model = TrainingJob
-        fields = ("id", "url", "eval_step", "phase", "pool", "world_size", "metrics", "samples",
-                  "attempts", "pending_reason", "last_error", "created_at", "started_at",
-                  "finished_at")
-        read_only_fields = fields
-
-    @extend_schema_field({"type": "object", "additionalProperties": {"type": "number"}})
-    def get_metrics(self, run) -> dict:
-        return (run.eval_result or {}).get("metrics") or {}
-
-    @extend_schema_field({"type": "array", "items": {"type": "object", "properties": {
-        "prompt": {"type": "string"}, "completion": {"type": "string"}}}})
-    def get_samples(self, run) -> list:
-        return (run.eval_result or {}).get("samples") or []
-
-    def get_url(self, run) -> str:
-        path = reverse("jobs:job-detail", args=[run.pk])
         request = self.context.get("request")
         return request.build_absolute_uri(path) if request else path
 
@@ -203,40 +167,3 @@ class TeamSerializer(serializers.ModelSerializer):
 
     def get_members(self, team) -> list[str]:
         return sorted(u.username for u in team.members.all())
-
-
-def goodput_totals(entries) -> dict:
-    """Sum a GoodputEntry queryset per category; every category appears."""
-    totals = {c: {"seconds": 0.0, "gpu_seconds": 0.0} for c in GoodputEntry.Category.values}
-    rows = entries.values("category").annotate(s=Sum("seconds"), g=Sum("gpu_seconds"))
-    for row in rows:
-        totals[row["category"]] = {"seconds": row["s"] or 0.0, "gpu_seconds": row["g"] or 0.0}
-    total_gpu = sum(v["gpu_seconds"] for v in totals.values())
-    productive = totals[GoodputEntry.Category.PRODUCTIVE]["gpu_seconds"]
-    # Evaluation runs' GPU time is in the totals but not in training's
-    # ratio: it is neither productive training nor training lost.
-    training_gpu = total_gpu - totals[GoodputEntry.Category.EVAL]["gpu_seconds"]
-    return {
-        "categories": totals,
-        "total": {
-            "seconds": sum(v["seconds"] for v in totals.values()),
-            "gpu_seconds": total_gpu,
-        },
-        "goodput_ratio": (productive / training_gpu) if training_gpu else None,
-    }
-
-
-class ProfileTraceSerializer(serializers.ModelSerializer):
-    """One rank's profiler trace; `url` downloads it (gzipped Chrome JSON)."""
-
-    url = serializers.SerializerMethodField()
-
-    class Meta:
-        model = ProfileTrace
-        fields = ("id", "attempt", "request_id", "rank", "start_step", "steps", "path", "bytes",
-                  "created_at", "url")
-
-    def get_url(self, obj) -> str:
-        path = reverse("jobs:job-profile-trace", args=[obj.job_id, obj.pk])
-        request = self.context.get("request")
-        return request.build_absolute_uri(path) if request else path

@@ -75,21 +75,6 @@ def checkpoint_now(job: TrainingJob, user) -> tuple[JobAttempt, str]:
     return attempt, attempt.request_checkpoint(actor_for(user))
 
 
-def profile_next(job: TrainingJob, steps: int, user) -> tuple[JobAttempt, str, bool]:
-    """Ask every rank to profile the next `steps` steps; returns the attempt,
-    the request's id and whether this call made it (a pending one is kept)."""
-    attempt = job.running_attempt()
-    if attempt is None:
-        raise Refused(f"Job {job.pk} ({job.name}) is {job.phase}: only a running job can be "
-                      "profiled.")
-    if job.heartbeats_missing:
-        # It would stay pending for ever: directives ride on heartbeat replies.
-        raise Refused(f"Job {job.pk} ({job.name}) runs a program that sends no heartbeats, so "
-                      "it never gets the profile directive; report through the regatta SDK.")
-    request_id, created = attempt.request_profile(steps, actor_for(user))
-    return attempt, request_id, created
-
-
 def check_may_restart(job: TrainingJob, user) -> None:
     """Before the step is even read: an ended job runs again only at its
     owner's or an operator's word, and only from a checkpoint it kept."""

@@ -5,6 +5,7 @@ from rest_framework.test import APIClient
 
 from checkpoints.models import Checkpoint
 from jobs.models import JobAttempt, TrainingJob
+from jobs.worker_api.tokens import issue as issue_token
 
 
 def make_job(team, cluster, user=None, **fields) -> TrainingJob:
@@ -16,7 +17,7 @@ def make_job(team, cluster, user=None, **fields) -> TrainingJob:
 def make_attempt(job, state=JobAttempt.State.RUNNING, number=None) -> tuple[JobAttempt, str]:
     number = number or job.attempts.count() + 1
     attempt = JobAttempt.objects.create(job=job, number=number, state=state)
-    return attempt, attempt.issue_token()
+    return attempt, issue_token(attempt)
 
 
 def make_checkpoint(job, step, state=Checkpoint.State.COMMITTED, attempt=None) -> Checkpoint:

@@ -11,6 +11,7 @@ from django.views.decorators.http import require_POST
 from controlplane.lib.errors import IllegalTransition, NotAllowed, Refused
 from frontend import scoping
 from jobs import services
+from jobs.profiling import requests as profile_requests
 from jobs.validators import ProfileRequestValidator, RestartValidator
 
 
@@ -75,7 +76,7 @@ def profile(request, pk: int):
         _invalid(request, body)
         return _back(job)
     try:
-        attempt, _, created = services.profile_next(job, body.validated_data["steps"],
+        attempt, _, created = profile_requests.profile_next(job, body.validated_data["steps"],
                                                     request.user)
     except (Refused, IllegalTransition) as exc:
         _refused(request, job, exc)

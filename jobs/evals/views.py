@@ -3,9 +3,9 @@
 from django.db.models import Count
 from rest_framework import generics
 
+from jobs.api.base import JobScopedMixin
+from jobs.evals.serializers import EvalRunSerializer
 from jobs.models import TrainingJob
-from jobs.serializers import EvalRunSerializer
-from jobs.views.base import JobScopedMixin
 
 
 class JobEvalsView(JobScopedMixin, generics.ListAPIView):

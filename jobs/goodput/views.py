@@ -5,9 +5,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.permissions import IsPerson
+from jobs.api.base import JobScopedMixin
 from jobs.goodput.models import GoodputEntry
-from jobs.serializers import goodput_totals
-from jobs.views.base import JobScopedMixin
+from jobs.goodput.totals import goodput_totals
 from jobs.visibility import visible_teams
 
 GoodputReport = inline_serializer("GoodputReport", {

@@ -10,8 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 from django.db.models import Count, ExpressionWrapper, F, IntegerField, Max, Min, Q
 
-from jobs import evals
-from jobs.metrics import rollup_reads
+from jobs.metrics import laid_in, rollup_reads
 from jobs.metrics.models import MetricPoint
 from jobs.models import JobAttempt
 
@@ -219,7 +218,7 @@ def series(job_id: int, name: str, points: int = DEFAULT_POINTS) -> dict:
                 name, chart.rank0, chart.cuts, chart.points, rolled, 2 * points))
         else:
             steps, values, total = _raw_series(chart, points)
-    extra = evals.series_points(job_id, name)
+    extra = laid_in.EVAL_RESULTS.points(job_id, name)
     if extra:
         steps, values = with_eval_points(steps, values, extra)
         total += len(extra)

@@ -1,6 +1,6 @@
 """Profiling on demand, as the control plane sees it.
 
-A person asks for "the next N steps" (`JobAttempt.request_profile`, the
+A person asks for "the next N steps" (jobs/profiling/requests.py, the
 `profile` directive on heartbeat replies); every rank profiles the same
 steps and writes a gzipped Chrome trace into the job's storage at
 `regatta.storage.profile_key(...)` (worker_image/regatta/profiling.py), then

@@ -16,13 +16,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from checkpoints import downloads
-from jobs import services
+from jobs.api.base import JobScopedMixin
+from jobs.api.downloads import FILE_RESPONSES, DownloadView, StorageUnavailable, storage_call
 from jobs.checkpointing import open_job_storage
+from jobs.profiling import requests as profile_requests
 from jobs.profiling import traces_of
-from jobs.serializers import ProfileTraceSerializer
+from jobs.profiling.serializers import ProfileTraceSerializer
 from jobs.validators import ProfileRequestValidator
-from jobs.views.base import JobScopedMixin
-from jobs.views.downloads import FILE_RESPONSES, DownloadView, StorageUnavailable, _storage_call
 
 ProfileRequest = inline_serializer("ProfileRequest", {
     "attempt": serializers.IntegerField(), "request_id": serializers.CharField(),
@@ -43,7 +43,7 @@ class JobProfileView(JobScopedMixin, APIView):
         job = self.get_job()
         body = ProfileRequestValidator(data=request.data)
         body.is_valid(raise_exception=True)
-        attempt, request_id, created = services.profile_next(
+        attempt, request_id, created = profile_requests.profile_next(
             job, body.validated_data["steps"], request.user)
         return Response({"attempt": attempt.pk, "request_id": request_id,
                          "steps": attempt.profile_steps, "created": created},
@@ -80,7 +80,7 @@ class ProfileTraceFileView(JobScopedMixin, DownloadView):
         except Exception as exc:  # a bad storage setting: not the caller's fault
             raise StorageUnavailable(f"the job's storage cannot be opened: {exc}") from None
         try:
-            opened = _storage_call(downloads.open_storage_file, storage, trace.path)
+            opened = storage_call(downloads.open_storage_file, storage, trace.path)
         except downloads.NotThere:
             raise NotFound(f"trace {trace.pk} is no longer in the job's storage.") from None
         name = f"job-{job.pk}-{trace.path.split('/')[1]}-{trace.path.rsplit('/', 1)[-1]}"

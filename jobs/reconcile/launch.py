@@ -27,6 +27,7 @@ from jobs.admission import busy_node_ids, placement, request_admission
 from jobs.context import Ctx
 from jobs.recovery import evidence as recovery_evidence
 from jobs.recovery import resume
+from jobs.worker_api.tokens import issue as issue_token
 
 from ..checkpointing import abandon_branch, job_checkpoint_uri
 from ..models import AttemptNode, FailureClass, JobAttempt, Phase, TrainingJob
@@ -280,7 +281,7 @@ def trainer_config(job: TrainingJob) -> dict:
 def _launch(ctx: Ctx, attempt: JobAttempt) -> None:
     job = ctx.job
     checkpoint, by_person = resume.checkpoint_for(ctx, attempt)
-    token = attempt.issue_token()
+    token = issue_token(attempt)
     # An eval run reads its parent's storage (and writes nothing there).
     storage_job = job.parent if job.is_eval else job
     env = {

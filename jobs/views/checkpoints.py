@@ -8,9 +8,9 @@ from checkpoints.models import Checkpoint, ModelArtifact
 from checkpoints.serializers import CheckpointSerializer, ModelArtifactSerializer
 from controlplane.lib.filters import IdFilter
 from controlplane.lib.keyset import KeysetPagination
+from jobs.api.base import JobScopedMixin
 
 from ..visibility import visible_jobs
-from .base import JobScopedMixin
 
 
 class JobCheckpointListView(JobScopedMixin, generics.ListAPIView):

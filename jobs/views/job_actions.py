@@ -6,10 +6,11 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from jobs.api.base import JobScopedMixin
+
 from .. import services
 from ..serializers import JobSerializer
 from ..validators import RestartValidator
-from .base import JobScopedMixin
 
 
 class JobCancelView(JobScopedMixin, APIView):

@@ -1,10 +1,10 @@
 from rest_framework import generics
 
 from controlplane.lib.keyset import KeysetPagination
+from jobs.api.base import JobScopedMixin
 
 from ..models import JobAttempt, JobEvent
 from ..serializers import AttemptSerializer, JobEventSerializer
-from .base import JobScopedMixin
 
 
 class JobEventsView(JobScopedMixin, generics.ListAPIView):

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 from django.utils.crypto import salted_hmac
 
+from jobs.models import JobAttempt, hash_token
+
 PREFIX = "rgw_"
 _SALT = "regatta.jobs.JobAttempt.worker_token"
 
@@ -64,3 +66,17 @@ def verify(raw: str) -> Claim | None:
         return None
     return Claim(attempt_id, job_id, number)
 
+
+def issue(attempt) -> str:
+    """The attempt's worker token; only its hash is kept on the row.
+
+    Derived from SECRET_KEY and the attempt rather than drawn at random,
+    so every pass gets the same one: a pass that died after the provider
+    started the ranks, and before the row said so, leaves the next pass
+    adopting those ranks, and the token they hold must still be accepted
+    (tests/e2e/test_worker_crash_e2e.py). It carries the ids its HMAC
+    covers, so the worker endpoints check it without a read."""
+    raw = make(attempt.pk, attempt.job_id, attempt.number)
+    attempt.token_hash = hash_token(raw)
+    JobAttempt.objects.filter(pk=attempt.pk).update(token_hash=attempt.token_hash)
+    return raw

@@ -15,6 +15,7 @@ from regatta.storage import profile_key
 from checkpoints.models import Checkpoint
 from jobs import checkpointing
 from jobs.models import TrainingJob
+from jobs.profiling import requests as profile_requests
 from tests.api_factories import make_attempt, make_job, worker_client
 from tests.fleet_helpers import write_checkpoint
 
@@ -192,7 +193,7 @@ def test_retention_registers_no_linked_step_it_finds(root, mine, theirs):
 
 def test_a_profile_trace_that_is_a_link_is_refused_when_reported(root, mine, theirs):
     attempt, token = make_attempt(mine)
-    request_id = attempt.request_profile(5, "user:olivia")[0]
+    request_id = profile_requests.request(attempt, 5, "user:olivia")[0]
     key = profile_key(11, request_id, 0)
     trace = root / "vision" / "job-a" / key
     trace.parent.mkdir(parents=True)

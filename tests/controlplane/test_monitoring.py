@@ -17,6 +17,7 @@ from controlplane.redis_client import get_redis
 from jobs.goodput.models import GoodputEntry
 from jobs.metrics.models import MetricPoint
 from jobs.models import Phase, TrainingJob
+from jobs.worker_api.tokens import issue as issue_token
 from tests.fleet_helpers import later, launch, memory_cluster, submit, team_with_quota
 from tests.support.waiting import eventually
 
@@ -172,7 +173,7 @@ def test_metric_batches_are_counted_as_they_are_stored(db):
     job = submit(cluster, team_with_quota(cluster))
     launch(job, later(timezone.now(), 0))
     attempt = job.attempts.get()
-    token = attempt.issue_token()
+    token = issue_token(attempt)
     body = {"batch_id": "b1", "points": [{"rank": 0, "name": "loss", "step": s, "value": 1.0}
                                          for s in (1, 2, 3)]}
     client = Client(HTTP_AUTHORIZATION=f"Bearer {token}")

@@ -106,7 +106,7 @@ def test_a_gang_waiting_on_a_node_its_admin_drained_moves_to_other_nodes(slurm_w
     rather than waiting for n2 with ReqNodeNotAvail."""
     cluster = slurm_cluster(slurm_world, fleet.root)
     blocker = slurm_world.run("sbatch", "--parsable", "-p", "gpu", "-w", "n2", "--exclusive",
-                              "--wrap", "sleep 600").strip()
+                              "--output=/dev/null", "--wrap", "sleep 600").strip()
     eventually(lambda: slurm_world.job(blocker)["JobState"] == "RUNNING", timeout=30,
                what="the other user's job to hold n2")
     job = fleet.submit(cluster, name="waits", max_steps=20, step_sleep_s=0.1)

@@ -1,6 +1,7 @@
 import pytest
 
 from clusters.models import Cluster, Node, NodeEvent
+from jobs.worker_api.tokens import issue as issue_token
 
 from .factories import make_job, rich_job, run, xid
 
@@ -110,7 +111,7 @@ def test_a_node_running_a_job_shows_when_its_ranks_last_beat(web, operator, team
     attempt = run(make_job(team, cluster), [node])
     before = web(operator).get(f"/nodes/{node.pk}/").content.decode()
     assert 'Last heartbeat</span>—' in before
-    resp = worker_client(attempt.issue_token()).post(
+    resp = worker_client(issue_token(attempt)).post(
         f"/api/v1/worker/attempts/{attempt.pk}/heartbeat",
         {"rank": 0, "node": "cpu-a-0", "step": 3}, format="json")
     assert resp.status_code == 200, resp.content

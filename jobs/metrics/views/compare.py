@@ -14,10 +14,10 @@ from rest_framework.views import APIView
 
 from accounts.permissions import IsPerson
 from controlplane.lib.validation import StrictCharField
+from jobs.api.base import JobScopedMixin
+from jobs.api.downloads import DownloadView
 from jobs.metrics import compare, tensorboard
 from jobs.metrics.series import DEFAULT_POINTS, MAX_POINTS
-from jobs.views.base import JobScopedMixin
-from jobs.views.downloads import DownloadView
 
 
 class CompareQuery(serializers.Serializer):

@@ -4,10 +4,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from controlplane.lib.validation import StrictCharField
-from jobs.evals import metric_names
+from jobs.api.base import JobScopedMixin
+from jobs.metrics.laid_in import EVAL_RESULTS
 from jobs.metrics.models import MetricName
 from jobs.metrics.series import DEFAULT_POINTS, MAX_POINTS, series
-from jobs.views.base import JobScopedMixin
 
 
 class SeriesQuery(serializers.Serializer):
@@ -42,5 +42,5 @@ class JobMetricNamesView(JobScopedMixin, APIView):
         # over the job's million points.
         names = set(MetricName.objects.filter(job=job).values_list("name", flat=True))
         # What its eval runs reported is on its chart too (jobs/metrics/series.py).
-        names |= metric_names(job.pk)
+        names |= EVAL_RESULTS.names(job.pk)
         return Response({"names": sorted(names)})

@@ -18,6 +18,7 @@ from jobs.checkpointing import protected_steps
 from jobs.metrics.series import series
 from jobs.models import EVAL_PRIORITY, JobAttempt, Phase, TrainingJob
 from jobs.reconcile import reconcile_job_unlocked
+from jobs.worker_api.tokens import issue as issue_token
 from tests.api_factories import worker_client
 from tests.fleet_helpers import (
     heartbeat,
@@ -260,7 +261,7 @@ def test_an_eval_run_preempts_nobody(cluster, vision):
 
 def report(attempt, step, val_loss):
     """What the eval mode sends over the worker API, with the run's own token."""
-    client = worker_client(attempt.issue_token())
+    client = worker_client(issue_token(attempt))
     url = f"/api/v1/worker/attempts/{attempt.pk}"
     points = [{"rank": 0, "name": "val_loss", "step": step, "value": val_loss,
                "time": time.time()},

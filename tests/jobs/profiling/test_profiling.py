@@ -9,6 +9,7 @@ import pytest
 from regatta.storage import profile_key
 
 from jobs.models import NO_HEARTBEATS, JobAttempt, JobEvent, TrainingJob
+from jobs.profiling import requests as profile_requests
 from jobs.profiling.models import ProfileTrace
 from tests.api_factories import make_attempt, make_job, worker_client
 from tests.conftest import client_for
@@ -123,7 +124,7 @@ class TestATraceReport:
     @pytest.fixture
     def asked(self, attempt, owner, job_on_disk):
         attempt, token = attempt
-        attempt.request_profile(5, "user:olivia")
+        profile_requests.request(attempt, 5, "user:olivia")
         return attempt, token
 
     def test_each_rank_is_stored_once_and_the_first_writes_the_event(self, asked):
@@ -140,7 +141,7 @@ class TestATraceReport:
         assert traces[0].path == f"profiles/step-11-{attempt.profile_request_id}/rank-0.json.gz"
         (event,) = JobEvent.objects.filter(kind="ProfileWritten")
         assert "steps 11..15" in event.message
-        assert not attempt.profile_pending()
+        assert not profile_requests.pending(attempt)
 
     @pytest.mark.parametrize(("fields", "field"), [
         ({"uri": "file:///etc/passwd"}, "uri"),

@@ -8,6 +8,7 @@ import json
 import pytest
 from regatta.storage import profile_key
 
+from jobs.profiling import requests as profile_requests
 from jobs.profiling.models import ProfileTrace
 from tests.api_factories import make_attempt, worker_client
 from tests.checkpoints.test_s3_storage import bucket, s3_job  # noqa: F401
@@ -26,7 +27,7 @@ def member(s3_job, django_user_model):  # noqa: F811
 def test_an_s3_trace_is_reported_under_the_job_s_prefix_and_streamed(
         s3_job, member, aws, bucket):  # noqa: F811
     attempt, token = make_attempt(s3_job)
-    attempt.request_profile(3, "user:nora")
+    profile_requests.request(attempt, 3, "user:nora")
     key = profile_key(7, attempt.profile_request_id, 1)
     data = gzip.compress(json.dumps(TRACE).encode())
     client("s3", aws).put_object(Bucket=bucket, Key=f"runs/gpt/{key}", Body=data)

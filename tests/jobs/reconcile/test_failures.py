@@ -11,6 +11,7 @@ from clusters.reconcile import reconcile_cluster_unlocked
 from jobs.goodput.models import GoodputEntry
 from jobs.models import JobAttempt, JobEvent, Phase
 from jobs.reconcile import reconcile_job_unlocked
+from jobs.worker_api.tokens import issue as issue_token
 from tests.api_factories import worker_client
 from tests.fleet_helpers import (
     heartbeat,
@@ -446,7 +447,7 @@ def test_the_old_gangs_late_checkpoint_past_a_restart_point_is_abandoned_never_o
         mem_cluster, mem_team, api, admin_user_):
     now = timezone.now()
     job, attempt = running_job(mem_cluster, mem_team, now)
-    token = attempt.issue_token()
+    token = issue_token(attempt)
     write_checkpoint(job, 4, attempt, created_at=later(now, 1))
     job.request_restart(4, "olivia", now=later(now, 2))
     reconcile_job_unlocked(job.id, later(now, 2))

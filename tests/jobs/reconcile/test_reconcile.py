@@ -11,6 +11,7 @@ from clusters.models import Node
 from jobs.goodput.models import GoodputEntry
 from jobs.models import AttemptNode, JobAttempt, JobEvent, Phase
 from jobs.reconcile import reconcile_job_unlocked
+from jobs.worker_api.tokens import issue as issue_token
 from tests.api_factories import worker_client
 from tests.fleet_helpers import (
     heartbeat,
@@ -73,14 +74,14 @@ def test_every_pass_hands_an_attempt_the_same_worker_token(mem_cluster, mem_team
 
     # What a pass that re-runs the launch (its predecessor died after the
     # provider started the ranks) hands the provider, which keeps those ranks.
-    again = attempt.issue_token()
+    again = issue_token(attempt)
 
     assert again == held
     reply = worker_client(held).post(f"/api/v1/worker/attempts/{attempt.pk}/heartbeat",
                                      {"rank": 0, "node": "n", "step": 1}, format="json")
     assert reply.status_code == 200, reply.content
     other = JobAttempt.objects.create(job=job, number=2, state=JobAttempt.State.STOPPED)
-    assert other.issue_token() != held
+    assert issue_token(other) != held
 
 
 def test_it_moves_to_running_on_the_first_heartbeat_with_a_step(mem_cluster, mem_team):

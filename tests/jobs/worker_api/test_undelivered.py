@@ -15,6 +15,7 @@ from jobs.checkpointing import open_job_storage
 from jobs.metrics.models import MetricPoint
 from jobs.models import JobEvent, Phase, TrainingJob
 from jobs.reconcile import reconcile_job_unlocked
+from jobs.worker_api.tokens import issue as issue_token
 from jobs.worker_api.undelivered import collect
 from tests.api_factories import make_attempt, make_job, worker_client
 from tests.fleet_helpers import (
@@ -150,7 +151,7 @@ def test_a_job_whose_end_the_web_missed_succeeds_from_what_its_ranks_handed_off(
     attempt = job.attempts.get()
     sha = write_checkpoint(job, 40, attempt).manifest_sha256
     Checkpoint.objects.filter(job=job).delete()  # never reported
-    run_with_the_web_down(job, attempt, attempt.issue_token(), steps=40, manifest_sha256=sha)
+    run_with_the_web_down(job, attempt, issue_token(attempt), steps=40, manifest_sha256=sha)
     provider_of(cluster).finish(attempt.provider_ref)
 
     reconcile_job_unlocked(job.id, later(now, 5))
@@ -179,7 +180,7 @@ def test_what_a_rank_left_after_its_attempt_ended_is_collected_by_the_next_attem
     first.refresh_from_db()
     assert first.ended_at is not None and job.attempts.count() == 2
     # The other node's rank, stopped once the attempt had ended, hands off late.
-    run_with_the_web_down(job, first, first.issue_token(), steps=10)
+    run_with_the_web_down(job, first, issue_token(first), steps=10)
 
     reconcile_job_unlocked(job.id, later(now, 60))
 

@@ -1,8 +1,7 @@
 from django.shortcuts import get_object_or_404
 
 from accounts.permissions import IsPerson
-
-from ..visibility import visible_jobs
+from jobs.visibility import visible_jobs
 
 
 class JobScopedMixin:
