@@ -20,8 +20,8 @@ from jobs.api.base import JobScopedMixin
 from jobs.api.downloads import FILE_RESPONSES, DownloadView, StorageUnavailable, storage_call
 from jobs.checkpointing import open_job_storage
 from jobs.profiling import requests as profile_requests
-from jobs.profiling import traces_of
 from jobs.profiling.serializers import ProfileTraceSerializer
+from jobs.profiling.traces import traces_of
 from jobs.validators import ProfileRequestValidator
 
 ProfileRequest = inline_serializer("ProfileRequest", {

@@ -31,7 +31,7 @@ def watch(ctx: Ctx, attempt: JobAttempt, status) -> None:
     after = ctx.config.startup_report_after_s
     describe = getattr(ctx.provider, "describe_startup", None)
     # No step reported by any rank (a program judged not to report has a
-    # first step on record without one: jobs/reconcile/__init__.py).
+    # first step on record without one: jobs/reconcile/job_pass.py).
     if (not after or describe is None or attempt.started_at is None or attempt.last_step > 0
             or status.state != "running"):
         return
