@@ -67,10 +67,12 @@ def test_a_two_node_job_survives_two_killed_ranks_and_ends_bitwise_equal_to_an_u
     assert resumed[0].evidence["step"] >= 5 and resumed[1].evidence["step"] >= 15
     assert killed.attempts.get(number=3).resume_step == resumed[1].evidence["step"]
     # No rollback: each time the surviving rank wrote the last step it had
-    # completed (no collective), and the relaunch resumed from that step.
+    # completed (no collective), or that step had just been checkpointed
+    # (nothing to hand over), and the relaunch resumed from it.
     handed = [e.evidence["step"]
               for e in killed.events.filter(kind="TrainerSurvivorHandover").order_by("id")]
-    assert handed == [e.evidence["step"] for e in resumed], fleet.story(killed)
+    assert set(handed) <= {e.evidence["step"] for e in resumed}, fleet.story(killed)
+    assert [e.evidence["steps_lost"] for e in resumed] == [0, 0], fleet.story(killed)
     # Bitwise: the same weights as the run nobody touched.
     b = ModelArtifact.objects.get(job=killed)
     mine = torch.load(b.uri, weights_only=False)
