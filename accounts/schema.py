@@ -1,6 +1,7 @@
 """OpenAPI descriptions of Regatta's two bearer token kinds."""
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from regatta import contract
 
 
 class ApiTokenScheme(OpenApiAuthenticationExtension):
@@ -18,4 +19,4 @@ class WorkerTokenScheme(OpenApiAuthenticationExtension):
 
     def get_security_definition(self, auto_schema):
         return {"type": "http", "scheme": "bearer", "bearerFormat": "rgw_<attempt>_…",
-                "description": "The per-attempt worker token, in REGATTA_TOKEN."}
+                "description": f"The per-attempt worker token, in {contract.TOKEN}."}

@@ -193,7 +193,10 @@ def test_the_worker_bodies_state_the_parsers_bounds(schema):
     beat = _body_schema(schema, schema["paths"][
         "/api/v1/worker/attempts/{attempt_id}/heartbeat"]["post"])
     assert beat["additionalProperties"] is False
-    assert beat["properties"]["rank"] == {"type": "integer", "minimum": 0, "maximum": 65535}
+    rank = beat["properties"]["rank"]
+    assert {k: rank[k] for k in ("type", "minimum", "maximum")} == {
+        "type": "integer", "minimum": 0, "maximum": 65535}
+    assert rank["description"] == "the rank beating"  # the contract's words
     assert beat["properties"]["samples_per_s"]["minimum"] == 0
     event = _body_schema(schema, schema["paths"][
         "/api/v1/worker/attempts/{attempt_id}/events"]["post"])

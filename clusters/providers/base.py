@@ -159,7 +159,7 @@ class NodeProcess:
     log_tail: str = ""
     # The provider saw the node go with the process (a pod evicted or lost
     # with its node, no container exit): node-level evidence, so a death
-    # here is never taken for one process's (jobs/reconcile/rank_death.py).
+    # here is never taken for one process's (jobs/recovery/evidence.py).
     node_lost: str = ""
 
 
@@ -321,7 +321,7 @@ class FaultKind:
     SPOT_NOTICE = "spot_notice"
     PREFLIGHT_FAIL = "preflight_fail"
     # One rank process SIGKILLed on a healthy node, as the kernel's OOM
-    # killer does: relaunched in place (jobs/reconcile/rank_death.py).
+    # killer does: relaunched in place (jobs/recovery/evidence.py).
     KILL_RANK = "kill_rank"
     ALL = (KILL, HANG, XID, SPOT_NOTICE, PREFLIGHT_FAIL, KILL_RANK)
 

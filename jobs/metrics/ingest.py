@@ -39,17 +39,19 @@ from datetime import UTC, datetime
 import msgspec
 from django.db import connection, transaction
 from django.utils import timezone
+from regatta import contract
 
 from controlplane.lib.prepared import prepared_cursor
 from jobs.metrics import rollups
 
-MAX_BATCH = 5000
-# The last second a datetime can hold (9999-12-31T23:59:59Z).
-MAX_TIME = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
-POINT_FIELDS = frozenset(("rank", "name", "step", "value", "time"))
-MAX_RANK = 65535
-MAX_STEP = 2**31 - 1
-MAX_NAME = 64
+# A point's bounds, from the worker contract's table (regatta/contract.py),
+# bound here once: point_ok runs for every point.
+MAX_BATCH = contract.METRIC_BATCH["points"].max_length
+POINT_FIELDS = contract.METRIC_POINT.names
+MAX_RANK = contract.METRIC_POINT["rank"].maximum
+MAX_NAME = contract.METRIC_POINT["name"].max_length
+MAX_STEP = contract.METRIC_POINT["step"].maximum
+MAX_TIME = contract.METRIC_POINT["time"].maximum
 # SQLite takes at most 32766 parameters a statement (7 a point).
 _POINTS_PER_STATEMENT = 2000
 # The points' primary key (jobs.metrics.models.MetricPoint).

@@ -14,6 +14,7 @@ import json
 
 from django.conf import settings
 from django.db import transaction
+from regatta import contract
 
 from clusters.acts import cordon_with_evidence, fill_vacancies, judge_check
 from clusters.models import Cluster, Node, NodeHealthEvent
@@ -140,7 +141,7 @@ def _no_nodes(ctx: Ctx) -> Result:
     if job.phase in (Phase.ADMITTED, Phase.RESTARTING):
         # A restart with no nodes to be had (a fault forgiven, no spare left)
         # waits in the queue, its place kept, rather than holding the GPUs of
-        # the nodes that survived (jobs/reconcile/__init__.py requeues it).
+        # the nodes that survived (jobs/reconcile/job_pass.py requeues it).
         job.transition(Phase.QUEUED, reason="Requeued", message=reason, now=ctx.now,
                        pending_reason=reason)
     elif job.pending_reason != reason:
@@ -286,26 +287,26 @@ def _launch(ctx: Ctx, attempt: JobAttempt) -> None:
     storage_job = job.parent if job.is_eval else job
     env = {
         **(job.env or {}),  # the job's own; the launch contract's names below win
-        "REGATTA_URL": settings.PUBLIC_URL,
-        "REGATTA_TOKEN": token,
-        "REGATTA_JOB_ID": str(job.id),
-        "REGATTA_ATTEMPT_ID": str(attempt.id),
-        "REGATTA_CHECKPOINT_URI": job_checkpoint_uri(storage_job),
-        "REGATTA_RESUME_STEP": str(checkpoint.step) if checkpoint else "none",
+        contract.URL: settings.PUBLIC_URL,
+        contract.TOKEN: token,
+        contract.JOB_ID: str(job.id),
+        contract.ATTEMPT_ID: str(attempt.id),
+        contract.CHECKPOINT_URI: job_checkpoint_uri(storage_job),
+        contract.RESUME_STEP: str(checkpoint.step) if checkpoint else contract.RESUME_NONE,
         # The exact folder, so a program without the SDK needs no lookup.
-        "REGATTA_RESUME_URI": checkpoint.uri if checkpoint else "",
-        "REGATTA_CHECKPOINT_EVERY": str(job.effective_checkpoint_every),
-        "REGATTA_CONFIG": json.dumps(trainer_config(job), sort_keys=True),
+        contract.RESUME_URI: checkpoint.uri if checkpoint else "",
+        contract.CHECKPOINT_EVERY: str(job.effective_checkpoint_every),
+        contract.CONFIG: json.dumps(trainer_config(job), sort_keys=True),
     }
     if job.is_eval:
-        env["REGATTA_EVAL_STEP"] = str(job.eval_step)
-        env["REGATTA_PARENT_JOB_ID"] = str(job.parent_id)
+        env[contract.EVAL_STEP] = str(job.eval_step)
+        env[contract.PARENT_JOB_ID] = str(job.parent_id)
     placements = _placements(attempt)
     request = LaunchRequest(
         job_id=job.id, attempt_id=attempt.id, attempt_number=attempt.number,
         name=f"job-{job.id}-a{attempt.number}", pool=ctx.pool_info, placements=placements,
         nproc_per_node=job.gpus_per_node, image=job.image, command=_command(job),
-        env=env, checkpoint_uri=env["REGATTA_CHECKPOINT_URI"], team=job.team.name,
+        env=env, checkpoint_uri=env[contract.CHECKPOINT_URI], team=job.team.name,
         avoid_nodes=_avoid(ctx),
     )
     # Launching on a job another worker has taken since would double the gang.

@@ -16,6 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from regatta.contract import CODE_EXITS
+from regatta.contract import EXIT_COLLECTIVE as TRANSIENT_EXIT
+from regatta.contract import EXIT_CONFIG as CONFIG_EXIT
+from regatta.contract import EXIT_PREEMPTED as PREEMPTED_EXIT
+
 from clusters.models import NodeHealthEvent
 from controlplane.lib import receiver
 from jobs.context import Ctx
@@ -23,11 +28,6 @@ from jobs.recovery import signature
 
 from ..models import FailureClass, JobAttempt, JobEvent, RankStatus
 from . import budgets
-
-CODE_EXITS = frozenset({1, 85})
-CONFIG_EXIT = 85
-PREEMPTED_EXIT = 83
-TRANSIENT_EXIT = 84
 
 # A node's class, from what its processes left behind. KILLED is a node
 # whose ranks did not end by themselves: the hardware class of the attempt

@@ -24,13 +24,14 @@ from datetime import timedelta
 
 from django.db import connection, transaction
 from django.db.models import Q
+from regatta import contract
 
 from clusters.models import Node
 from controlplane.lib.prepared import prepared_cursor
 from controlplane.lib.tasks import RECONCILE_JOB
 from jobs.models import JobAttempt, RankStatus, TrainingJob, directives
 
-PROGRESS_KEYS = ("samples_per_s", "tokens_per_s", "step_time_s")
+PROGRESS_KEYS = contract.PROGRESS
 # A node's "last heartbeat" is written at most this often: its ranks all
 # beat every few seconds, and the node page reads it in seconds too.
 NODE_HEARTBEAT_EVERY = timedelta(seconds=5)

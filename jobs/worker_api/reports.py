@@ -5,9 +5,8 @@ and store each report once, however often it arrives."""
 
 from __future__ import annotations
 
-import re
-
 from django.db import IntegrityError, transaction
+from regatta import contract
 from regatta import manifest as mf
 
 from checkpoints.confinement import link_below_root, reported_step_uri_ok
@@ -15,16 +14,11 @@ from checkpoints.models import Checkpoint
 from controlplane.lib.tasks import RECONCILE_JOB
 from jobs.checkpointing import job_checkpoint_uri, on_abandoned_branch
 from jobs.models import JobAttempt, JobEvent, RankStatus
-from jobs.profiling import MAX_PROFILE_STEPS, TraceReport, report_errors
+from jobs.profiling import TraceReport, report_errors
 from jobs.worker_api.fields import Fields
 
-KIND = re.compile(r"^[a-z][a-z0-9_]{0,40}$")
 # Events after which the job should be looked at now, not at the next sweep.
 URGENT = {"finished", "crashed", "emergency_checkpoint", "preempted"}
-EVENT_FIELDS = ("kind", "rank", "message", "data", "node", "key")
-CHECKPOINT_FIELDS = ("step", "uri", "bytes", "manifest_sha256", "save_seconds",
-                     "blocking_seconds", "emergency", "request_id")
-PROFILE_FIELDS = ("request_id", "rank", "start_step", "steps", "uri", "bytes")
 
 
 def event_kind(kind: str) -> str:
@@ -34,17 +28,7 @@ def event_kind(kind: str) -> str:
 # --- events ------------------------------------------------------------------
 
 def event_values(f: Fields) -> dict:
-    values = {
-        "kind": f.str("kind", required=True, max_length=41),
-        "rank": f.int("rank", required=False, default=0, maximum=65535),
-        "message": f.str("message", max_length=10_000),
-        "data": f.dict("data"),
-        "node": f.str("node", max_length=253),
-        "key": f.str("key", max_length=100),
-    }
-    if "kind" not in f.errors and not KIND.match(values["kind"]):
-        f.errors["kind"] = ["A snake_case event kind is required, e.g. started."]
-    return values
+    return f.read(contract.EVENT)
 
 
 def record_event(attempt: JobAttempt, values: dict) -> tuple[JobEvent, bool]:
@@ -75,16 +59,7 @@ def record_event(attempt: JobAttempt, values: dict) -> tuple[JobEvent, bool]:
 # --- checkpoints -------------------------------------------------------------
 
 def checkpoint_values(f: Fields, job) -> dict:
-    values = {
-        "step": f.int("step"),
-        "uri": f.str("uri", required=True, max_length=1000),
-        "bytes": f.int("bytes", required=False, default=0, maximum=2**62),
-        "manifest_sha256": f.str("manifest_sha256", max_length=64),
-        "save_seconds": f.number("save_seconds", minimum=0) or 0.0,
-        "blocking_seconds": f.number("blocking_seconds", minimum=0) or 0.0,
-        "emergency": f.bool("emergency"),
-        "request_id": f.str("request_id", max_length=64),
-    }
+    values = f.read(contract.CHECKPOINT)
     if "uri" not in f.errors and values["step"] is not None:
         _check_uri(f, job, values["step"], values["uri"])
     return values
@@ -133,14 +108,7 @@ def record_checkpoint(attempt: JobAttempt, values: dict) -> tuple[Checkpoint, bo
 # --- profiles ----------------------------------------------------------------
 
 def profile_report(f: Fields, attempt: JobAttempt) -> TraceReport | None:
-    values = {
-        "request_id": f.str("request_id", required=True, max_length=64),
-        "rank": f.int("rank", maximum=65535),
-        "start_step": f.int("start_step"),
-        "steps": f.int("steps", maximum=MAX_PROFILE_STEPS),
-        "uri": f.str("uri", required=True, max_length=1000),
-        "bytes": f.int("bytes", required=False, default=0, maximum=2**62),
-    }
+    values = f.read(contract.PROFILE)
     if f.errors:
         return None
     report = TraceReport(**values)

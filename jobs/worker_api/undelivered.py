@@ -23,6 +23,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 
+from regatta import contract
 from regatta.spool import FORMAT
 
 from jobs.metrics import ingest
@@ -111,11 +112,10 @@ def _parse(data: bytes) -> tuple[dict | None, list[tuple[str, dict]]]:
 
 def _store(attempt: JobAttempt, endpoint: str, body: dict) -> str:
     """One item through its endpoint's checks and writer; what became of it."""
-    if endpoint == "metrics":
+    if endpoint == contract.METRIC_BATCH.endpoint:
         return _store_metrics(attempt, body)
-    known = {"events": worker_reports.EVENT_FIELDS,
-             "checkpoints": worker_reports.CHECKPOINT_FIELDS,
-             "profiles": worker_reports.PROFILE_FIELDS}.get(endpoint)
+    known = {body.endpoint: body for body in (contract.EVENT, contract.CHECKPOINT,
+                                              contract.PROFILE)}.get(endpoint)
     if known is None:
         return "refused"
     f = body_fields(body, known, attempt.job_id, attempt.pk)

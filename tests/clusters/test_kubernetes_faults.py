@@ -112,14 +112,26 @@ def test_a_rank_whose_node_is_deleted_is_lost_on_the_node_it_ran_on(kube_world, 
     assert proc.node == where and not proc.running and proc.signal == 9
     assert where in proc.node_lost
 
-    # As the pod GC would, a minute later: the pod goes, and the operator
-    # makes it again (Pending: its node is gone). Still that rank, lost there.
+    # As the pod GC would, a minute later: the pod goes. The operator then
+    # makes it again (Pending: its node is gone), or, once it has read the
+    # job as failed, leaves it gone. Either way: still that rank, lost there.
     kube_world.core.delete_namespaced_pod(worker.metadata.name, NS, grace_period_seconds=0)
-    eventually(lambda: any(p.metadata.uid != worker.metadata.uid for p in kube_world.pods(
-        f"{mf.OPERATOR_JOB_LABEL}={ref['name']}") if p.metadata.name == worker.metadata.name),
-        # The operator makes it at once or at its next resync, a minute on;
-        # a loaded machine adds to that.
-        timeout=150, interval=0.2, what="the operator to make the pod again")
+
+    def operator_done():
+        again = [p for p in kube_world.pods(f"{mf.OPERATOR_JOB_LABEL}={ref['name']}")
+                 if p.metadata.name == worker.metadata.name]
+        if any(p.metadata.uid != worker.metadata.uid for p in again):
+            return "re-created"
+        conditions = ((kube_world.pytorchjob(ref["name"]) or {}).get("status") or {}).get(
+            "conditions") or []
+        failed = any(c.get("type") == "Failed" and c.get("status") == "True"
+                     for c in conditions)
+        return "left gone" if failed and not again else None
+
+    # The operator acts at once or at its next resync, a minute on; a loaded
+    # machine adds to that.
+    eventually(operator_done, timeout=150, interval=0.2,
+               what="the operator to make the pod again or to fail the job")
     proc = lost()
     assert proc is not None and proc.node == where
     status = cached.observe(ref)

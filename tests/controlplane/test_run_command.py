@@ -114,11 +114,10 @@ def test_ctrl_c_stops_web_worker_beat_and_broker_leaving_no_process(tmp_path):
     try:
         eventually(lambda: _login_status(port) == 200, timeout=90, interval=0.5,
                    what="the web process to answer")
-        children = [
-            int(p.name) for p in Path("/proc").iterdir()
-            if p.name.isdigit() and _ppid(p) == up.pid
-        ]
-        assert len(children) >= 4, "redis, web, worker and beat should all be running"
+        # The web starts first, alone; the worker and beat follow it.
+        children = eventually(lambda: _at_least_four_children(up.pid),
+                              timeout=30, interval=0.2,
+                              what="redis, web, worker and beat all to be running")
         up.send_signal(signal.SIGINT)
         output, _ = up.communicate(timeout=60)
         assert up.returncode == 0, output
@@ -128,6 +127,12 @@ def test_ctrl_c_stops_web_worker_beat_and_broker_leaving_no_process(tmp_path):
     finally:
         if up.poll() is None:
             up.kill()
+
+
+def _at_least_four_children(pid: int) -> list[int] | None:
+    children = [int(p.name) for p in Path("/proc").iterdir()
+                if p.name.isdigit() and _ppid(p) == pid]
+    return children if len(children) >= 4 else None
 
 
 def _ppid(proc_dir: Path) -> int | None:
@@ -154,9 +159,9 @@ def test_sigint_to_the_one_pid_of_the_readme_run_command_stops_everything(tmp_pa
             return _login_status(port) == 200
 
         eventually(answers, timeout=180, interval=0.5, what="the web process to answer")
-        children = [int(p.name) for p in Path("/proc").iterdir()
-                    if p.name.isdigit() and _ppid(p) == up.pid]
-        assert len(children) >= 4, "redis, web, worker and beat should be children of the PID"
+        children = eventually(lambda: _at_least_four_children(up.pid),
+                              timeout=30, interval=0.2,
+                              what="redis, web, worker and beat to be children of the PID")
         os.kill(up.pid, signal.SIGINT)  # the one PID, not its group
         output, _ = up.communicate(timeout=60)
         assert up.returncode == 0, output

@@ -208,7 +208,7 @@ def test_files_a_program_wrote_are_committed_and_resumed_from(tmp_path):
 def test_the_torch_free_modules_import_where_torch_cannot(tmp_path):
     probe = ("import sys; sys.modules['torch'] = None\n"
              "import regatta, regatta.storage, regatta.manifest, regatta.reporting, "
-             "regatta.launch, regatta.preemption, regatta.status, regatta.exits\n"
+             "regatta.launch, regatta.preemption, regatta.status, regatta.contract\n"
              "import trainer.config\n"
              "store = regatta.storage.open_storage(sys.argv[1])\n"
              "print(store.list_steps(), trainer.config.TrainerConfig().max_steps)\n"

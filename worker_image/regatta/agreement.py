@@ -31,12 +31,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from regatta.contract import MAX_PROFILE_STEPS
+
 log = logging.getLogger("regatta")
 
 STOP, CHECKPOINT_REQUEST, INTERVAL, SAVE_NOT_READY, PROFILE_REQUEST = range(5)
 NOTHING = (0, 0, 0, 0, 0)
-# The most steps one profile may cover (the control plane asks for 1..50).
-MAX_PROFILE_STEPS = 50
 
 
 class Agreement:

@@ -10,7 +10,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from regatta.exits import EXIT_CODE_ERROR, EXIT_COLLECTIVE
+from regatta import contract as c
+from regatta.contract import EXIT_CODE_ERROR, EXIT_COLLECTIVE
 
 
 @dataclass(frozen=True)
@@ -35,13 +36,11 @@ def init(startup_timeout_s: float) -> Dist:
     start-up timeout covers slow rendezvous and first-step compilation and is
     tightened by `tighten_timeout` once a step has gone through.
     """
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" not in os.environ:
-        os.environ["MASTER_PORT"] = str(_free_port())
-    local_rank = int(os.environ["LOCAL_RANK"])
+    for name in (c.RANK, c.WORLD_SIZE, c.LOCAL_RANK, c.MASTER_ADDR):
+        os.environ.setdefault(name, c.LAUNCH_ENV[name].default)
+    if c.MASTER_PORT not in os.environ:
+        os.environ[c.MASTER_PORT] = str(_free_port())
+    local_rank = int(os.environ[c.LOCAL_RANK])
     if torch.cuda.is_available():
         device, backend = cuda_device(local_rank), "nccl"
         torch.cuda.set_device(device)

@@ -1,11 +1,18 @@
-"""The launch contract: what torchrun and the control plane put in a rank's
-environment (docs/trainer-protocol.md). Standard library only."""
+"""The launch contract as a rank reads it: what torchrun and the control
+plane put in its environment (regatta/contract.py names each variable,
+docs/trainer-protocol.md tells it). Standard library only."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from regatta import contract as c
+
+
+def _default(name: str) -> str:
+    return c.LAUNCH_ENV[name].default
 
 
 @dataclass(frozen=True)
@@ -20,7 +27,7 @@ class Launch:
     node: str = ""
     checkpoint_uri: str = "checkpoints"
     # latest (the newest verified), none, or a step: the newest verified at or before it
-    resume_step: str = "latest"
+    resume_step: str = c.RESUME_LATEST
     # The exact step-N folder the control plane chose; wins over resume_step.
     resume_uri: str = ""
     status_dir: str = ""
@@ -35,25 +42,30 @@ class Launch:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Launch:
         env = os.environ if env is None else env
+
+        def get(name: str) -> str:
+            # Set but empty reads as unset.
+            return env.get(name) or _default(name)
+
         return cls(
-            rank=int(env.get("RANK", "0")),
-            world_size=int(env.get("WORLD_SIZE", "1")),
-            local_rank=int(env.get("LOCAL_RANK", "0")),
-            url=env.get("REGATTA_URL", ""),
-            token=env.get("REGATTA_TOKEN", ""),
-            job_id=env.get("REGATTA_JOB_ID", ""),
-            attempt_id=env.get("REGATTA_ATTEMPT_ID", "0") or "0",
-            node=env.get("REGATTA_NODE", "") or os.uname().nodename,
-            checkpoint_uri=env.get("REGATTA_CHECKPOINT_URI", "checkpoints") or "checkpoints",
-            resume_step=(env.get("REGATTA_RESUME_STEP", "latest") or "latest").strip().lower(),
-            resume_uri=env.get("REGATTA_RESUME_URI", ""),
-            status_dir=env.get("REGATTA_STATUS_DIR", ""),
-            checkpoint_every=int(env.get("REGATTA_CHECKPOINT_EVERY", "0") or 0),
+            rank=int(get(c.RANK)),
+            world_size=int(get(c.WORLD_SIZE)),
+            local_rank=int(get(c.LOCAL_RANK)),
+            url=get(c.URL),
+            token=get(c.TOKEN),
+            job_id=get(c.JOB_ID),
+            attempt_id=get(c.ATTEMPT_ID),
+            node=get(c.NODE) or os.uname().nodename,
+            checkpoint_uri=get(c.CHECKPOINT_URI),
+            resume_step=get(c.RESUME_STEP).strip().lower(),
+            resume_uri=get(c.RESUME_URI),
+            status_dir=get(c.STATUS_DIR),
+            checkpoint_every=int(get(c.CHECKPOINT_EVERY)),
         )
 
     def env(self) -> dict[str, str]:
         """The reporting part, in the shape `reporting.from_env` reads (the
         checkpoint URI is where undelivered reports are left at exit)."""
-        return {"REGATTA_URL": self.url, "REGATTA_TOKEN": self.token,
-                "REGATTA_JOB_ID": self.job_id, "REGATTA_ATTEMPT_ID": self.attempt_id,
-                "REGATTA_NODE": self.node, "REGATTA_CHECKPOINT_URI": self.checkpoint_uri}
+        return {c.URL: self.url, c.TOKEN: self.token, c.JOB_ID: self.job_id,
+                c.ATTEMPT_ID: self.attempt_id, c.NODE: self.node,
+                c.CHECKPOINT_URI: self.checkpoint_uri}

@@ -36,7 +36,7 @@ import threading
 from collections.abc import Callable
 
 from regatta import startup
-from regatta.exits import EXIT_PREEMPTED
+from regatta.contract import EXIT_PREEMPTED
 
 log = logging.getLogger("regatta")
 

@@ -20,6 +20,8 @@ import sys
 import time
 from datetime import timedelta
 
+from regatta import contract as c
+
 EXIT_FAILED = 3
 
 
@@ -37,20 +39,22 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m regatta.preflight")
     # Under a launcher that gives each node a status folder (Slurm's node
     # script), the report goes there when no path is named.
-    status_dir = env.get("REGATTA_STATUS_DIR")
-    parser.add_argument("--out", default=env.get("REGATTA_PREFLIGHT_OUT") or (
+    status_dir = env.get(c.STATUS_DIR)
+    parser.add_argument("--out", default=env.get(c.PREFLIGHT_OUT) or (
         os.path.join(status_dir, "preflight.json") if status_dir else None))
-    parser.add_argument("--node", default=env.get("REGATTA_NODE", os.uname().nodename))
-    parser.add_argument("--bytes", type=int, default=int(env.get("REGATTA_PREFLIGHT_BYTES",
-                                                                   8 << 20)))
-    parser.add_argument("--iters", type=int, default=int(env.get("REGATTA_PREFLIGHT_ITERS", 5)))
-    parser.add_argument("--timeout", type=float,
-                        default=float(env.get("REGATTA_PREFLIGHT_TIMEOUT_S", 15.0)))
+    parser.add_argument("--node", default=env.get(c.NODE, os.uname().nodename))
+
+    def setting(name: str) -> str:
+        return env.get(name, c.LAUNCH_ENV[name].default)
+
+    parser.add_argument("--bytes", type=int, default=int(setting(c.PREFLIGHT_BYTES)))
+    parser.add_argument("--iters", type=int, default=int(setting(c.PREFLIGHT_ITERS)))
+    parser.add_argument("--timeout", type=float, default=float(setting(c.PREFLIGHT_TIMEOUT_S)))
     opts = parser.parse_args(argv)
     if not opts.out:
-        parser.error("--out or REGATTA_PREFLIGHT_OUT is required")
+        parser.error(f"--out or {c.PREFLIGHT_OUT} is required")
 
-    fault = os.environ.get("REGATTA_PREFLIGHT_FAULT")
+    fault = os.environ.get(c.PREFLIGHT_FAULT)
     if fault:
         _write(opts.out, {"node": opts.node, "error": fault})
         print(f"preflight: node {opts.node} failed its self-test: {fault}", file=sys.stderr)
@@ -59,8 +63,8 @@ def main(argv: list[str]) -> int:
     import torch
     import torch.distributed as dist
 
-    world = int(os.environ["WORLD_SIZE"])
-    rank = int(os.environ["RANK"])
+    world = int(os.environ[c.WORLD_SIZE])
+    rank = int(os.environ[c.RANK])
     try:
         dist.init_process_group("gloo", timeout=timedelta(seconds=opts.timeout))
         tensor = torch.full((opts.bytes // 4,), float(rank + 1))

@@ -37,7 +37,7 @@ import threading
 import time
 from typing import Any
 
-from . import spool
+from . import contract, spool
 from .transport import Http
 
 log = logging.getLogger("regatta.reporting")
@@ -50,6 +50,7 @@ log = logging.getLogger("regatta.reporting")
 MAX_BACKOFF_S = 30.0
 MIN_MAX_BACKOFF_S = 1.0
 METRICS_PER_BATCH = 500
+METRICS = contract.METRIC_BATCH.endpoint
 
 
 class NullReporter:
@@ -111,7 +112,7 @@ class Reporter(NullReporter):
         # reporting thread touches until `close` hands everything off.
         self._lock = threading.Lock()
         self._spool_lock = threading.Lock()
-        self.metrics = spool.SpooledQueue("metrics", max_metrics, max_spool_bytes)
+        self.metrics = spool.SpooledQueue(METRICS, max_metrics, max_spool_bytes)
         # Events and checkpoint reports are rarer and matter more: sent first,
         # in order, bounded too.
         self.urgent = spool.SpooledQueue("urgent", max_events, max_spool_bytes)
@@ -138,6 +139,8 @@ class Reporter(NullReporter):
         self._thread.start()
 
     def update_status(self, **status: Any) -> None:
+        # A name the heartbeat does not have raises here, in the caller.
+        status = contract.HEARTBEAT.build(**status)
         first_step = not self.status.get("step") and status.get("step")
         self.status = {**self.status, **status}
         if first_step:
@@ -151,30 +154,32 @@ class Reporter(NullReporter):
         """`value`: a number, or a deferred value (`ready()`, `get()`)."""
         if not hasattr(value, "ready"):
             value = float(value)
-        point = {"rank": self.rank, "name": name, "step": step, "value": value,
-                 "time": time.time()}
+        point = contract.METRIC_POINT.build(rank=self.rank, name=name, step=step, value=value,
+                                            time=time.time())
         with self._lock:
             if len(self.metrics.memory) >= 2 * self.max_metrics:
                 # The reporting thread could not move the overflow to disk in
                 # time: the oldest goes, the newest say most about the run now.
                 self.metrics.memory.popleft()
-                self._count_drop("metrics")
-            self.metrics.memory.append(("metrics", point))
+                self._count_drop(METRICS)
+            self.metrics.memory.append((METRICS, point))
             over = self.metrics.over()
         if over:
             self._wake.set()
 
     def event(self, kind: str, message: str = "", data: dict | None = None) -> None:
-        self._urgent(("events", {"kind": kind, "rank": self.rank, "message": message,
-                                 "data": data or {}, "job_id": self.job_id,
-                                 "key": f"{self._key_prefix}-{next(self._event_seq)}"}))
+        self._urgent((contract.EVENT.endpoint, contract.EVENT.build(
+            kind=kind, rank=self.rank, message=message, data=data or {}, job_id=self.job_id,
+            key=f"{self._key_prefix}-{next(self._event_seq)}")))
 
     def checkpoint(self, payload: dict) -> None:
-        self._urgent(("checkpoints", {**payload, "job_id": self.job_id}))
+        self._urgent((contract.CHECKPOINT.endpoint,
+                      contract.CHECKPOINT.build(**payload, job_id=self.job_id)))
 
     def profile(self, payload: dict) -> None:
         """A profiler trace this rank wrote (regatta/profiling.py)."""
-        self._urgent(("profiles", {**payload, "job_id": self.job_id}))
+        self._urgent((contract.PROFILE.endpoint,
+                      contract.PROFILE.build(**payload, job_id=self.job_id)))
 
     def _urgent(self, item: tuple[str, dict]) -> None:
         with self._lock:
@@ -188,7 +193,8 @@ class Reporter(NullReporter):
         # rebuild a lost report from storage, but it cannot guess an event.
         # Called with the lock held.
         memory = self.urgent.memory
-        victim = next((i for i, (kind, _) in enumerate(memory) if kind == "events"), 0)
+        victim = next((i for i, (kind, _) in enumerate(memory)
+                       if kind == contract.EVENT.endpoint), 0)
         endpoint, _ = memory[victim]
         del memory[victim]
         self._count_drop(endpoint)
@@ -288,9 +294,9 @@ class Reporter(NullReporter):
         return json.loads(data) if data else {}
 
     def _heartbeat(self) -> None:
-        body = {"rank": self.rank, "node": self.node, **self.status, "gpu": self.gpu_stats(),
-                "job_id": self.job_id}
-        reply = self._post("heartbeat", body)
+        body = contract.HEARTBEAT.build(rank=self.rank, node=self.node, **self.status,
+                                        gpu=self.gpu_stats(), job_id=self.job_id)
+        reply = self._post(contract.HEARTBEAT.endpoint, body)
         directives = reply.get("directives") if isinstance(reply, dict) else None
         if isinstance(directives, dict):
             self._directives = directives
@@ -324,8 +330,8 @@ class Reporter(NullReporter):
 
     def _batch(self, points: list) -> dict:
         self._batch_seq += 1
-        return {"batch_id": f"{self._batch_prefix}-{self._batch_seq - 1}",
-                "job_id": self.job_id, "points": points}
+        return contract.METRIC_BATCH.build(batch_id=f"{self._batch_prefix}-{self._batch_seq - 1}",
+                                           job_id=self.job_id, points=points)
 
     def _drops_unreported(self) -> dict[str, int]:
         with self._lock:
@@ -333,13 +339,13 @@ class Reporter(NullReporter):
         return totals if totals != self._dropped_reported else {}
 
     def _drops_report(self, totals: dict[str, int]) -> dict:
-        return {
-            "kind": "reports_dropped", "rank": self.rank, "job_id": self.job_id,
-            "message": "reporting buffer overflowed while the control plane was away: "
-                       + ", ".join(f"{n} {what}" for what, n in sorted(totals.items())),
-            "data": totals,
+        return contract.EVENT.build(
+            kind="reports_dropped", rank=self.rank, job_id=self.job_id,
+            message="reporting buffer overflowed while the control plane was away: "
+                    + ", ".join(f"{n} {what}" for what, n in sorted(totals.items())),
+            data=totals,
             # Running totals only grow: the same totals are the same report.
-            "key": f"{self._key_prefix}-dropped-{sum(totals.values())}"}
+            key=f"{self._key_prefix}-dropped-{sum(totals.values())}")
 
     def _drain(self) -> None:
         while (item := self._take_urgent()) is not None:
@@ -350,10 +356,10 @@ class Reporter(NullReporter):
         # Once the queue has room again, say how much it lost: running totals,
         # sent straight (not queued), so this report cannot itself be dropped.
         if (totals := self._drops_unreported()) and not self._handed_off:
-            self._post("events", self._drops_report(totals))
+            self._post(contract.EVENT.endpoint, self._drops_report(totals))
             self._dropped_reported = totals
         while (batch := self._take_metric_batch()) is not None:
-            self._post("metrics", batch)
+            self._post(METRICS, batch)
             with self._lock:
                 self._metric_batch = None
             if not self._stop.is_set() and time.monotonic() >= self._next_heartbeat:
@@ -373,19 +379,19 @@ class Reporter(NullReporter):
             items += self.urgent.take_all()
             if totals := {k: v for k, v in self.dropped.items() if v}:
                 if totals != self._dropped_reported:
-                    items.append(("events", self._drops_report(totals)))
+                    items.append((contract.EVENT.endpoint, self._drops_report(totals)))
                     self._dropped_reported = totals
             if self._metric_batch:
-                items.append(("metrics", self._metric_batch))
+                items.append((METRICS, self._metric_batch))
             points = [body for _, body in self.metrics.take_all()]
         for queue in (self.urgent, self.metrics):
             queue.remove_folder()
         for point in points:
             if not isinstance(point["value"], float):
                 point["value"] = float(point["value"].get())
-        items += [("metrics", self._batch(points[i:i + METRICS_PER_BATCH]))
+        items += [(METRICS, self._batch(points[i:i + METRICS_PER_BATCH]))
                   for i in range(0, len(points), METRICS_PER_BATCH)]
-        left = sum(len(body["points"]) if endpoint == "metrics" else 1
+        left = sum(len(body["points"]) if endpoint == METRICS else 1
                    for endpoint, body in items)
         if not items or self.handoff is None:
             return left
@@ -413,13 +419,13 @@ def _resolve(point: dict) -> bool:
 
 def from_env(env, rank: int, heartbeat_interval_s: float,
              gpu_stats=None) -> NullReporter:
-    url, token = env.get("REGATTA_URL"), env.get("REGATTA_TOKEN")
+    url, token = env.get(contract.URL), env.get(contract.TOKEN)
     if not url or not token:
         return NullReporter()
-    checkpoint_uri = env.get("REGATTA_CHECKPOINT_URI")
-    return Reporter(url, token, env.get("REGATTA_ATTEMPT_ID", "0"), rank,
-                    env.get("REGATTA_NODE", ""), heartbeat_interval_s, gpu_stats,
-                    job_id=env.get("REGATTA_JOB_ID", ""),
+    checkpoint_uri = env.get(contract.CHECKPOINT_URI)
+    return Reporter(url, token, env.get(contract.ATTEMPT_ID, "0"), rank,
+                    env.get(contract.NODE, ""), heartbeat_interval_s, gpu_stats,
+                    job_id=env.get(contract.JOB_ID, ""),
                     handoff=spool.storage_handoff(checkpoint_uri) if checkpoint_uri else None)
 
 

@@ -29,7 +29,7 @@ from regatta import dist as rdist
 from regatta import gpu, loading, preemption, reporting, startup
 from regatta.agreement import Decision, Directives
 from regatta.checkpoint import Checkpointer, open_for_writing
-from regatta.exits import EXIT_COLLECTIVE, EXIT_OK, EXIT_PREEMPTED, FAILURE_CLASS
+from regatta.contract import EXIT_COLLECTIVE, EXIT_OK, EXIT_PREEMPTED, FAILURE_CLASS
 from regatta.launch import Launch
 from regatta.loading import Resumed
 from regatta.profiling import Profiler

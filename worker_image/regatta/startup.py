@@ -16,21 +16,23 @@ import json
 import os
 import time
 
+from regatta import contract
+
 # A rank's whole start-up is a handful of phases; more would be a loop
 # marking the same phase, which this bounds.
 HISTORY = 16
 
 
 def marker_path(status_dir: str, rank: int | str) -> str:
-    return os.path.join(status_dir, f"startup-{rank}.json")
+    return os.path.join(status_dir, contract.startup_file(rank))
 
 
 def mark(phase: str, **fields) -> None:
     """Record that this rank entered `phase` now (REGATTA_STATUS_DIR unset: nothing)."""
-    status_dir = os.environ.get("REGATTA_STATUS_DIR")
+    status_dir = os.environ.get(contract.STATUS_DIR)
     if not status_dir:
         return
-    rank = os.environ.get("RANK", "0")
+    rank = os.environ.get(contract.RANK, "0")
     path = marker_path(status_dir, rank)
     now = time.time()
     try:

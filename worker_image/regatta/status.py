@@ -1,6 +1,6 @@
 """Per-rank exit records: REGATTA_STATUS_DIR/rank-<RANK>.json, written just
 before a rank exits, which the control plane reads instead of torchrun's
-single exit code. Standard library only."""
+single exit code (regatta/contract.py). Standard library only."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import os
 import time
 from pathlib import Path
 
-from regatta.exits import FAILURE_CLASS
+from regatta.contract import FAILURE_CLASS, status_file
 from regatta.launch import Launch
 
 log = logging.getLogger("regatta")
@@ -22,7 +22,7 @@ def write_status(launch: Launch, code: int, error: str | None, step: int) -> Non
     try:
         folder = Path(launch.status_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"rank-{launch.rank}.json"
+        path = folder / status_file(launch.rank)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
         tmp.write_text(json.dumps({
             "rank": launch.rank, "exit_code": code, "failure_class": FAILURE_CLASS.get(code),

@@ -1,6 +1,6 @@
 """Entry point of one rank: `torchrun ... -m trainer` or `regatta-train`.
 
-Exit codes (docs/trainer-protocol.md, regatta/exits.py): 0 finished, 1 error
+Exit codes (docs/trainer-protocol.md, regatta/contract.py): 0 finished, 1 error
 in training code, 83 preempted (SIGTERM or a stop directive: after an emergency
 checkpoint, or at once when it came before training started), 84
 collective/rendezvous failure, 85 config rejected.
@@ -17,8 +17,9 @@ from pathlib import Path
 
 # Nothing here imports torch at module level: `run` must install the SIGTERM
 # handling (regatta/preemption.py) before torch starts its first thread.
+from regatta import contract as c
 from regatta import preemption
-from regatta.exits import EXIT_CODE_ERROR, EXIT_COLLECTIVE, EXIT_CONFIG
+from regatta.contract import EXIT_CODE_ERROR, EXIT_COLLECTIVE, EXIT_CONFIG
 from regatta.launch import Launch
 from regatta.reporting import report_once
 from regatta.status import write_status
@@ -32,23 +33,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     env = os.environ
     p = argparse.ArgumentParser(prog="regatta-train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config-json", default=env.get("REGATTA_CONFIG", ""),
-                   help="trainer config as a JSON object (default: $REGATTA_CONFIG)")
+    p.add_argument("--config-json", default=env.get(c.CONFIG, ""),
+                   help=f"trainer config as a JSON object (default: ${c.CONFIG})")
     p.add_argument("--config-file", help="read the config JSON from this file instead")
-    p.add_argument("--checkpoint-uri", default=env.get("REGATTA_CHECKPOINT_URI", "checkpoints"),
+    p.add_argument("--checkpoint-uri", default=env.get(c.CHECKPOINT_URI, "checkpoints"),
                    help="path, file:///path or s3://bucket/prefix (default: ./checkpoints)")
-    p.add_argument("--resume-step", default=env.get("REGATTA_RESUME_STEP", "latest"),
+    p.add_argument("--resume-step", default=env.get(c.RESUME_STEP, c.RESUME_LATEST),
                    help="latest (default), none, or a step number")
-    p.add_argument("--resume-uri", default=env.get("REGATTA_RESUME_URI", ""),
+    p.add_argument("--resume-uri", default=env.get(c.RESUME_URI, ""),
                    help="the step-N folder to resume from (wins over --resume-step)")
-    p.add_argument("--status-dir", default=env.get("REGATTA_STATUS_DIR"),
+    p.add_argument("--status-dir", default=env.get(c.STATUS_DIR),
                    help="write rank-<RANK>.json here on exit")
-    p.add_argument("--url", default=env.get("REGATTA_URL"), help="control plane base URL")
-    p.add_argument("--token", default=env.get("REGATTA_TOKEN"), help="per-attempt worker token")
-    p.add_argument("--job-id", default=env.get("REGATTA_JOB_ID", ""),
+    p.add_argument("--url", default=env.get(c.URL), help="control plane base URL")
+    p.add_argument("--token", default=env.get(c.TOKEN), help="per-attempt worker token")
+    p.add_argument("--job-id", default=env.get(c.JOB_ID, ""),
                    help="the control plane's job id, sent with every report")
-    p.add_argument("--attempt-id", default=env.get("REGATTA_ATTEMPT_ID", "0"))
-    p.add_argument("--node", default=env.get("REGATTA_NODE", os.uname().nodename))
+    p.add_argument("--attempt-id", default=env.get(c.ATTEMPT_ID, "0"))
+    p.add_argument("--node", default=env.get(c.NODE, os.uname().nodename))
     p.add_argument("--staging-dir", default=os.path.join(tempfile.gettempdir(),
                                                          "regatta-staging"),
                    help="local folder for S3 uploads/downloads")
@@ -58,11 +59,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def launch_from(args: argparse.Namespace) -> Launch:
     """The launch contract with the command line's overrides applied."""
     return Launch.from_env({
-        **os.environ, "REGATTA_URL": args.url or "", "REGATTA_TOKEN": args.token or "",
-        "REGATTA_JOB_ID": str(args.job_id), "REGATTA_ATTEMPT_ID": str(args.attempt_id),
-        "REGATTA_NODE": args.node, "REGATTA_CHECKPOINT_URI": args.checkpoint_uri,
-        "REGATTA_RESUME_STEP": str(args.resume_step or "latest"),
-        "REGATTA_RESUME_URI": args.resume_uri or "", "REGATTA_STATUS_DIR": args.status_dir or "",
+        **os.environ, c.URL: args.url or "", c.TOKEN: args.token or "",
+        c.JOB_ID: str(args.job_id), c.ATTEMPT_ID: str(args.attempt_id),
+        c.NODE: args.node, c.CHECKPOINT_URI: args.checkpoint_uri,
+        c.RESUME_STEP: str(args.resume_step or c.RESUME_LATEST),
+        c.RESUME_URI: args.resume_uri or "", c.STATUS_DIR: args.status_dir or "",
     })
 
 

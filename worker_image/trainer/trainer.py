@@ -21,8 +21,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from regatta import gpu, startup
+from regatta.contract import EXIT_COLLECTIVE, EXIT_OK
 from regatta.dist import classify, tighten_timeout
-from regatta.exits import EXIT_COLLECTIVE, EXIT_OK
 from regatta.run import Run
 from regatta.state import Export, ModelState
 from torch.nn.parallel import DistributedDataParallel as DDP

@@ -15,6 +15,7 @@ from typing import Any
 
 from kubeflow.training import models as kf
 from kubernetes import client as k8s
+from regatta import contract
 
 from controlplane.lib.errors import PermanentError
 
@@ -100,9 +101,9 @@ def labels_for(job_id: int, attempt_id: int, purpose: str = "attempt") -> dict[s
 def token_secret(request: LaunchRequest, settings: KubeSettings) -> k8s.V1Secret:
     """The attempt's worker token; pods read it through a secretKeyRef so it
     never appears in the PyTorchJob object."""
-    token = request.env.get("REGATTA_TOKEN", "")
+    token = request.env.get(contract.TOKEN, "")
     if not token:
-        raise PermanentError(f"{request.name}: launch request carries no REGATTA_TOKEN")
+        raise PermanentError(f"{request.name}: launch request carries no {contract.TOKEN}")
     return k8s.V1Secret(
         api_version="v1", kind="Secret", type="Opaque",
         metadata=k8s.V1ObjectMeta(
@@ -424,23 +425,23 @@ def _trainer_env(request: LaunchRequest, settings: KubeSettings) -> list[k8s.V1E
     # The trainer contract wins over NCCL defaults of the same name.
     values.update({k: str(v) for k, v in request.env.items()})
     if request.checkpoint_uri:
-        values["REGATTA_CHECKPOINT_URI"] = _pod_checkpoint_uri(request.checkpoint_uri)
-    if values.get("REGATTA_CHECKPOINT_URI", "").startswith("s3://"):
+        values[contract.CHECKPOINT_URI] = _pod_checkpoint_uri(request.checkpoint_uri)
+    if values.get(contract.CHECKPOINT_URI, "").startswith("s3://"):
         # Credentials come from the pod's service account (IRSA), never from here.
         if settings.region:
             values.setdefault("AWS_DEFAULT_REGION", settings.region)
         if settings.s3_endpoint_url:
             values.setdefault("AWS_ENDPOINT_URL_S3", settings.s3_endpoint_url)
-    values.pop("REGATTA_TOKEN", None)
-    values.pop("REGATTA_NODE", None)
+    values.pop(contract.TOKEN, None)
+    values.pop(contract.NODE, None)
     # Each rank's status file would be lost with its pod; exit codes are read
     # from the pod instead.
-    values.pop("REGATTA_STATUS_DIR", None)
+    values.pop(contract.STATUS_DIR, None)
     env = [_env(k, v) for k, v in sorted(values.items())]
-    env.append(k8s.V1EnvVar(name="REGATTA_TOKEN", value_from=k8s.V1EnvVarSource(
+    env.append(k8s.V1EnvVar(name=contract.TOKEN, value_from=k8s.V1EnvVarSource(
         secret_key_ref=k8s.V1SecretKeySelector(name=secret_name(request.name), key=TOKEN_KEY),
     )))
-    env.append(k8s.V1EnvVar(name="REGATTA_NODE", value_from=k8s.V1EnvVarSource(
+    env.append(k8s.V1EnvVar(name=contract.NODE, value_from=k8s.V1EnvVarSource(
         field_ref=k8s.V1ObjectFieldSelector(field_path="spec.nodeName"),
     )))
     return env

@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from regatta import contract
+
 from controlplane.lib.errors import PermanentError, TemporaryError
 
 from ..base import AttemptStatus, LaunchRequest, NodeProcess
@@ -127,22 +129,12 @@ def _start(fleet: Path, attempt_dir: Path, request: LaunchRequest, python: str,
            standbys: bool, node_env: dict[str, dict]) -> dict:
     port = free_port()
     nnodes = len(request.placements)
-    base_env = rank_environment(request.env)
-    if request.checkpoint_uri:
-        base_env.setdefault("REGATTA_CHECKPOINT_URI", request.checkpoint_uri)
     nodes = []
     for placement in sorted(request.placements, key=lambda p: p.node_rank):
         node_dir = attempt_dir / f"node-{placement.node_rank}"
         (node_dir / "status").mkdir(parents=True, exist_ok=True)
-        env = {
-            **base_env,
-            **node_env.get(placement.node, {}),
-            "REGATTA_NODE": placement.node,
-            "REGATTA_STATUS_DIR": str(node_dir / "status"),
-            "OMP_NUM_THREADS": "1",
-            procs.FLEET_TAG: str(fleet),
-            procs.ATTEMPT_TAG: str(attempt_dir),
-        }
+        env = node_environment(fleet, attempt_dir, request, placement.node, node_dir,
+                               node_env.get(placement.node, {}))
         argv = torchrun_argv(python, nnodes, placement.node_rank, request.nproc_per_node,
                              port, tuple(request.command))
         write_json(node_dir / "placement.json", {
@@ -161,6 +153,26 @@ def _start(fleet: Path, attempt_dir: Path, request: LaunchRequest, python: str,
     return ref
 
 
+def node_environment(fleet: Path, attempt_dir: Path, request: LaunchRequest, node: str,
+                     node_dir: Path, extra: dict[str, str]) -> dict[str, str]:
+    """What every rank on `node` starts with: the allowlisted part of this
+    process's environment, the launch's own, the node's devices (`extra`),
+    and what only the node knows (its name, its status folder, the tags its
+    processes are found by)."""
+    env = rank_environment(request.env)
+    if request.checkpoint_uri:
+        env.setdefault(contract.CHECKPOINT_URI, request.checkpoint_uri)
+    return {
+        **env,
+        **extra,
+        contract.NODE: node,
+        contract.STATUS_DIR: str(node_dir / "status"),
+        "OMP_NUM_THREADS": "1",
+        procs.FLEET_TAG: str(fleet),
+        procs.ATTEMPT_TAG: str(attempt_dir),
+    }
+
+
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 16384) -> str:
     try:
         with open(path, "rb") as fh:
@@ -173,7 +185,7 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES, max_bytes: int = 16384) ->
 
 def rank_records(status_dir: Path) -> tuple[dict, ...]:
     records = []
-    for path in status_dir.glob("rank-*.json"):
+    for path in status_dir.glob(contract.STATUS_GLOB):
         data = read_json(path)
         if isinstance(data, dict):
             records.append(data)

@@ -17,6 +17,8 @@ import time
 import uuid
 from pathlib import Path
 
+from regatta import contract
+
 from ..base import NodeCheck, Placement, PreflightResult, preflight_evidence
 from . import procs, standby
 from .attempts import free_port, log_tail, torchrun_argv
@@ -87,15 +89,15 @@ def run_preflight(fleet: Path, placements: tuple[Placement, ...], bad: set[str],
     warm: list[str] = []
     for i, placement in enumerate(ordered):
         env = rank_environment({
-            "OMP_NUM_THREADS": "1", "REGATTA_NODE": placement.node,
-            "REGATTA_PREFLIGHT_OUT": str(run_dir / f"node-{i}.json"),
-            "REGATTA_PREFLIGHT_BYTES": str(TENSOR_BYTES),
-            "REGATTA_PREFLIGHT_ITERS": str(ITERS),
-            "REGATTA_PREFLIGHT_TIMEOUT_S": str(collective_timeout),
+            "OMP_NUM_THREADS": "1", contract.NODE: placement.node,
+            contract.PREFLIGHT_OUT: str(run_dir / f"node-{i}.json"),
+            contract.PREFLIGHT_BYTES: str(TENSOR_BYTES),
+            contract.PREFLIGHT_ITERS: str(ITERS),
+            contract.PREFLIGHT_TIMEOUT_S: str(collective_timeout),
             procs.FLEET_TAG: str(fleet), procs.ATTEMPT_TAG: str(run_dir),
         })
         if placement.node in bad:
-            env["REGATTA_PREFLIGHT_FAULT"] = "simulated hardware fault (operator fault injection)"
+            env[contract.PREFLIGHT_FAULT] = "simulated hardware fault (operator fault injection)"
         argv = torchrun_argv(python, len(ordered), i, 1, port, ("-m", "regatta.preflight"))
         node_dir = run_dir / f"node-{i}"
         node_dir.mkdir()

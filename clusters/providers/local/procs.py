@@ -12,7 +12,8 @@ born with. So a process born with the fleet's tag may add tags later
 (`tag_self`): a file `<fleet>/tags/<pid>.json`, read with its start time so
 that a reused pid never inherits them.
 
-Standard library only: `launcher.py` imports this module as a plain script.
+Standard library and the worker contract only: `launcher.py` imports this
+module as a plain script.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ import signal
 import time
 from dataclasses import dataclass, field
 
+from regatta import contract
+
 PROC = "/proc"
-FLEET_TAG = "REGATTA_LOCAL_FLEET"
-ATTEMPT_TAG = "REGATTA_LOCAL_ATTEMPT_DIR"
-NODE_TAG = "REGATTA_NODE"
-_WANTED = (FLEET_TAG, ATTEMPT_TAG, NODE_TAG, "RANK", "LOCAL_RANK")
+FLEET_TAG = contract.LOCAL_FLEET
+ATTEMPT_TAG = contract.LOCAL_ATTEMPT_DIR
+NODE_TAG = contract.NODE
+_WANTED = (FLEET_TAG, ATTEMPT_TAG, NODE_TAG, contract.RANK, contract.LOCAL_RANK)
 TAGS_DIR = "tags"
 
 
@@ -42,7 +45,7 @@ class Proc:
 
     @property
     def rank(self) -> int | None:
-        value = self.env.get("RANK")
+        value = self.env.get(contract.RANK)
         return int(value) if value is not None and value.isdigit() else None
 
 

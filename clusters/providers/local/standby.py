@@ -350,17 +350,11 @@ def _become_rank(first_on_path: str) -> None:
 
 
 def _mark_started() -> None:
-    """The rank's first start-up marker (regatta/startup.py writes the
-    later ones): forked, running the program's entry point."""
-    status_dir, rank = os.environ.get("REGATTA_STATUS_DIR"), os.environ.get("RANK", "0")
-    if not status_dir:
-        return
-    now = time.time()
-    with contextlib.suppress(OSError):
-        book.write_json(Path(status_dir) / f"startup-{rank}.json", {
-            "rank": int(rank) if rank.isdigit() else rank, "pid": os.getpid(),
-            "phase": "started", "at": now, "history": [["started", round(now, 3)]],
-            "warm": True})
+    """The rank's first start-up marker (the SDK writes the later ones):
+    forked, running the program's entry point."""
+    from regatta import startup
+
+    startup.mark("started", warm=True)
 
 
 def _count_exit_zero_as_done() -> None:

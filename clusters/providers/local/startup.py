@@ -23,6 +23,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from regatta import contract
+
 from ..base import RankActivity
 from . import procs
 from .book import read_json
@@ -70,8 +72,8 @@ def describe(ref: dict, now: float | None = None) -> tuple[RankActivity, ...]:
 def _rank(node_dir: Path, node: str, rank: int, proc: procs.Proc | None,
           now: float) -> RankActivity:
     status = node_dir / "status"
-    marker = read_json(status / f"startup-{rank}.json") or {}
-    ended = read_json(status / f"rank-{rank}.json")
+    marker = read_json(status / contract.startup_file(rank)) or {}
+    ended = read_json(status / contract.status_file(rank))
     if ended:
         return RankActivity(rank, node, "exited", None,
                             f"exited {ended.get('exit_code')}: {ended.get('error') or 'no error'}"

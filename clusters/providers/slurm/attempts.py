@@ -17,6 +17,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from regatta import contract
+
 from controlplane.lib.errors import CannotRun, PermanentError, TemporaryError
 
 from ..base import AttemptStatus, LaunchRequest, NodeProcess, StartIssue
@@ -77,7 +79,7 @@ def _submit(slurm: Slurm, attempt_dir: Path, cluster: str, partition: str, featu
     # the ranks may see, never the control plane's own secrets.
     env = rank_environment({"OMP_NUM_THREADS": "1", **request.env})
     if request.checkpoint_uri:
-        env.setdefault("REGATTA_CHECKPOINT_URI", request.checkpoint_uri)
+        env.setdefault(contract.CHECKPOINT_URI, request.checkpoint_uri)
     nodes = sorted(request.placements, key=lambda p: p.node_rank)
     argv = [
         "sbatch", "--parsable", f"--job-name={request.name}", f"--partition={partition}",

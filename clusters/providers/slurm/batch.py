@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import shlex
 
+from regatta import contract
+
 from ..base import LaunchRequest
 from ..local.attempts import torchrun_argv
 
@@ -58,7 +60,7 @@ case "$SLURMD_NODENAME" in
 esac
 NODE_DIR={shlex.quote(attempt_dir)}/node-$NODE_RANK
 mkdir -p "$NODE_DIR/status"
-export REGATTA_NODE="$SLURMD_NODENAME" REGATTA_STATUS_DIR="$NODE_DIR/status"
+export {contract.NODE}="$SLURMD_NODENAME" {contract.STATUS_DIR}="$NODE_DIR/status"
 exec {shlex.quote(python)} {shlex.quote(launcher)} run --foreground \\
   --beat-every {BEAT_EVERY_S:g} --dir "$NODE_DIR" -- \\
   {' '.join(_word(a) for a in argv)}

@@ -17,6 +17,8 @@ import time
 import uuid
 from pathlib import Path
 
+from regatta import contract
+
 from ..base import LaunchRequest, Placement, PoolInfo, PreflightResult, preflight_evidence
 from ..local.book import read_json
 from ..local.preflight import COLLECTIVE_TIMEOUT_S, ITERS, TENSOR_BYTES, node_reports
@@ -35,10 +37,9 @@ def run(slurm: Slurm, shared: Path, cluster: str, partition: str, feature: str,
         job_id=0, attempt_id=0, attempt_number=0, name=name, pool=pool,
         placements=tuple(ordered), nproc_per_node=1, image="",
         command=("-m", "regatta.preflight"),
-        env={"REGATTA_PREFLIGHT_BYTES": str(TENSOR_BYTES),
-             "REGATTA_PREFLIGHT_ITERS": str(ITERS),
-             "REGATTA_PREFLIGHT_TIMEOUT_S": str(max(1.0, min(COLLECTIVE_TIMEOUT_S,
-                                                             timeout_s)))})
+        env={contract.PREFLIGHT_BYTES: str(TENSOR_BYTES),
+             contract.PREFLIGHT_ITERS: str(ITERS),
+             contract.PREFLIGHT_TIMEOUT_S: str(max(1.0, min(COLLECTIVE_TIMEOUT_S, timeout_s)))})
     ref = attempts.launch(slurm, shared, cluster, partition, feature, request, python,
                           reservation)
     state = ""

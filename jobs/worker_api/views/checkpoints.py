@@ -1,3 +1,4 @@
+from regatta import contract
 from rest_framework import status
 from rest_framework.response import Response
 
@@ -12,7 +13,7 @@ class CheckpointCommittedView(WorkerView):
 
     @worker_schema.checkpoints
     def post(self, request, attempt_id):
-        f = self.fields(worker_reports.CHECKPOINT_FIELDS)
+        f = self.fields(contract.CHECKPOINT)
         values = worker_reports.checkpoint_values(f, self.attempt.job)
         f.check()
         checkpoint, created = worker_reports.record_checkpoint(self.attempt, values)

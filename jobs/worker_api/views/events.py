@@ -1,3 +1,4 @@
+from regatta import contract
 from rest_framework import status
 from rest_framework.response import Response
 
@@ -13,7 +14,7 @@ class EventView(WorkerView):
 
     @worker_schema.events
     def post(self, request, attempt_id):
-        f = self.fields(worker_reports.EVENT_FIELDS)
+        f = self.fields(contract.EVENT)
         values = worker_reports.event_values(f)
         f.check()
         event, created = worker_reports.record_event(self.attempt, values)

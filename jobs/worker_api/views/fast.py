@@ -20,7 +20,7 @@ else (no token, a legacy
 token, a person's token, another attempt's token, a body that is not JSON of
 the expected shape, a bad point, a string PostgreSQL cannot store, an ended
 or deleted attempt, a database error) is handed on, body intact, to the full
-stack (jobs/worker_api/views/metrics.py, worker_heartbeat.py), which names the
+stack (jobs/worker_api/views/metrics.py, heartbeat.py), which names the
 problem exactly as it always has. Both writers are idempotent, and nothing
 is handed on after a write has committed, so redoing a request there is safe.
 
@@ -36,7 +36,7 @@ import math
 import re
 import sys
 from io import BytesIO
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
 from django.conf import settings
@@ -46,12 +46,13 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError
 from django.http.request import split_domain_port, validate_host
 from django.utils import timezone
+from regatta import contract
 
 from controlplane.lib import telemetry
 from jobs.metrics import ingest
 from jobs.worker_api import heartbeats
 from jobs.worker_api import tokens as worker_tokens
-from jobs.worker_api.heartbeats import PROGRESS_KEYS, Beat
+from jobs.worker_api.heartbeats import Beat
 from jobs.worker_api.views.base import JOB_ID
 
 _PATH = re.compile(r"/api/v1/worker/attempts/([0-9]{1,18})/(metrics|heartbeat)\Z")
@@ -60,31 +61,48 @@ _JSON_TYPES = frozenset(("application/json", "application/json; charset=utf-8",
 # Only these escapes can put a NUL or a lone surrogate into a parsed string
 # (controlplane/lib/parsers.py refuses those; the full stack names them).
 _SUSPECT_ESCAPE = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
-_BEAT_FIELDS = frozenset(("rank", "node", "step", "gpu", JOB_ID, *PROGRESS_KEYS))
+_BEAT_FIELDS = contract.HEARTBEAT.names
+_BEAT_RANK, _BEAT_STEP = contract.HEARTBEAT["rank"], contract.HEARTBEAT["step"]
+_BEAT_NODE = contract.HEARTBEAT["node"].max_length
 _SCALARS = (str, int, float, bool, type(None))
 _HEADERS = [("Content-Type", "application/json"), ("X-Content-Type-Options", "nosniff"),
             ("X-Frame-Options", "DENY"), ("Referrer-Policy", "same-origin"),
             ("Cross-Origin-Opener-Policy", "same-origin")]
 
 
-class _Point(msgspec.Struct, forbid_unknown_fields=True, gc=False):
-    """A well-formed point, exactly as jobs.metrics.ingest.point_ok has it: ints that
-    are JSON integers (not floats, not booleans), a finite value (bounds that
-    infinity fails; JSON has no NaN), a time or null or nothing."""
+def _typed(field: contract.Field) -> Any:
+    """A field's type with its bounds, as msgspec checks them: ints that
+    are JSON integers (not floats, not booleans), floats that are finite
+    (bounds that infinity fails; JSON has no NaN)."""
+    if field.type is float:
+        return Annotated[float, msgspec.Meta(
+            ge=-sys.float_info.max if field.minimum is None else field.minimum,
+            le=sys.float_info.max if field.maximum is None else field.maximum)]
+    if field.type is int:
+        return Annotated[int, msgspec.Meta(ge=field.minimum, le=field.maximum)]
+    return Annotated[str, msgspec.Meta(min_length=field.min_length or None,
+                                       max_length=field.max_length)]
 
-    rank: Annotated[int, msgspec.Meta(ge=0, le=ingest.MAX_RANK)]
-    name: Annotated[str, msgspec.Meta(min_length=1, max_length=ingest.MAX_NAME)]
-    step: Annotated[int, msgspec.Meta(ge=0, le=ingest.MAX_STEP)]
-    value: Annotated[float, msgspec.Meta(ge=-sys.float_info.max, le=sys.float_info.max)]
-    time: Annotated[float, msgspec.Meta(ge=0, le=ingest.MAX_TIME)] | None = None
+
+def _struct(name: str, body: contract.Body, given: dict, **options) -> type[msgspec.Struct]:
+    """A well-formed body, exactly as the contract's table has it (and so as
+    the full stack's reader takes it); an optional field also as null or
+    absent. `given`: fields typed here (a list's items, the job's id)."""
+    fields = []
+    for field in body.fields:
+        kind = given.get(field.name) or _typed(field)
+        fields.append((field.name, kind) if field.required else (field.name, kind | None, None))
+    return msgspec.defstruct(name, fields, kw_only=True, forbid_unknown_fields=True, **options)
 
 
-class _MetricsBody(msgspec.Struct, forbid_unknown_fields=True):
-    points: Annotated[list[_Point], msgspec.Meta(max_length=ingest.MAX_BATCH)]
-    batch_id: Annotated[str, msgspec.Meta(max_length=100)] | None = None
+# A point exactly as jobs.metrics.ingest.point_ok has it.
+_Point = _struct("_Point", contract.METRIC_POINT, {}, gc=False)
+_MetricsBody = _struct("_MetricsBody", contract.METRIC_BATCH, {
+    "points": Annotated[list[_Point], msgspec.Meta(
+        max_length=contract.METRIC_BATCH["points"].max_length)],
     # Any other type is handed on (the full stack compares it to the token's job).
-    job_id: int | str | None = msgspec.field(default=None, name=JOB_ID)
-
+    JOB_ID: int | str,
+})
 
 _decode_metrics = msgspec.json.Decoder(_MetricsBody).decode
 
@@ -213,11 +231,11 @@ def _metrics(claim: worker_tokens.Claim, body: bytes) -> dict:
 
 def _heartbeat(claim: worker_tokens.Claim, data: dict) -> dict:
     rank, step, node, gpu = (data.get(k) for k in ("rank", "step", "node", "gpu"))
-    rates = {key: data.get(key) for key in PROGRESS_KEYS}
+    rates = {key: data.get(key) for key in contract.PROGRESS}
     if (not data.keys() <= _BEAT_FIELDS
-            or not (type(rank) is int and 0 <= rank <= 65535)
-            or not (type(step) is int and 0 <= step <= 2**31 - 1)
-            or not (node is None or (type(node) is str and len(node) <= 253))
+            or not (type(rank) is int and _BEAT_RANK.minimum <= rank <= _BEAT_RANK.maximum)
+            or not (type(step) is int and _BEAT_STEP.minimum <= step <= _BEAT_STEP.maximum)
+            or not (node is None or (type(node) is str and len(node) <= _BEAT_NODE))
             or not all(v is None or _non_negative(v) for v in rates.values())
             or not (gpu is None or _flat(gpu))):
         raise _HandOn

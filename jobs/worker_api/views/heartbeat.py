@@ -1,10 +1,11 @@
 from django.utils import timezone
+from regatta import contract
 from rest_framework import status
 from rest_framework.response import Response
 
 from jobs.models import JobAttempt
 from jobs.worker_api import heartbeats
-from jobs.worker_api.heartbeats import PROGRESS_KEYS, Beat
+from jobs.worker_api.heartbeats import Beat
 from jobs.worker_api.views import schema as worker_schema
 from jobs.worker_api.views.base import WorkerView
 
@@ -25,18 +26,13 @@ class HeartbeatView(WorkerView):
 
     @worker_schema.heartbeat
     def post(self, request, attempt_id):
-        f = self.fields(("rank", "node", "step", "gpu", *PROGRESS_KEYS))
-        rank = f.int("rank", maximum=65535)
-        step = f.int("step")
-        node = f.str("node", max_length=253)
-        rates = {key: f.number(key, minimum=0) for key in PROGRESS_KEYS}
-        gpu = f.data.get("gpu")
-        if gpu is not None and not isinstance(gpu, dict):
-            f.errors["gpu"] = ["A JSON object or null is required."]
+        f = self.fields(contract.HEARTBEAT)
+        values = f.read(contract.HEARTBEAT)
         f.check()
         claim = self.claim
-        beat = Beat(job_id=claim.job_id, attempt_id=claim.attempt_id, rank=rank, node=node,
-                    step=step, rates=rates, gpu=gpu)
+        beat = Beat(job_id=claim.job_id, attempt_id=claim.attempt_id, rank=values["rank"],
+                    node=values["node"], step=values["step"],
+                    rates={key: values[key] for key in contract.PROGRESS}, gpu=values["gpu"])
         directives = heartbeats.record(beat, timezone.now())
         if directives is None:
             return self._ended()

@@ -1,3 +1,4 @@
+from regatta import contract
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
@@ -6,9 +7,7 @@ from jobs.metrics import ingest
 from jobs.worker_api.views import schema as worker_schema
 from jobs.worker_api.views.base import Fields, WorkerView
 
-MAX_BATCH = ingest.MAX_BATCH
-MAX_TIME = ingest.MAX_TIME
-POINT_FIELDS = ("rank", "name", "step", "value", "time")
+MAX_BATCH = contract.METRIC_BATCH["points"].max_length
 # A reply names the errors of this many bad points at most.
 MAX_BAD_POINTS = 20
 
@@ -22,11 +21,9 @@ class MetricsView(WorkerView):
 
     @worker_schema.metrics
     def post(self, request, attempt_id):
-        f = self.fields(("batch_id", "points"))
-        f.str("batch_id", max_length=100)
-        points = f.data.get("points")
-        if not isinstance(points, list):
-            f.errors["points"] = ["A list is required."]
+        f = self.fields(contract.METRIC_BATCH)
+        points = f.read(contract.METRIC_BATCH)["points"]
+        if "points" in f.errors:
             f.check()
         if len(points) > MAX_BATCH:
             return Response(
@@ -61,18 +58,8 @@ def _check_point(point, where: str, f: Fields) -> bool:
     if not isinstance(point, dict):
         f.errors[where] = ["A JSON object is required."]
         return False
-    p = Fields(point, prefix=f"{where}.", known=POINT_FIELDS)
-    p.int("rank", maximum=ingest.MAX_RANK)
-    name = p.str("name", required=True, max_length=ingest.MAX_NAME)
-    p.int("step")
-    p.number("value", required=True)
-    when = p.number("time", minimum=0)
-    if when is not None and when > MAX_TIME:
-        p.errors[f"{where}.time"] = [
-            f"Must be a Unix time in seconds between 0 and {MAX_TIME:.0f}."
-        ]
-    if not name and f"{where}.name" not in p.errors:
-        p.errors[f"{where}.name"] = ["Must not be blank."]
+    p = Fields(point, prefix=f"{where}.", known=tuple(contract.METRIC_POINT.names))
+    p.read(contract.METRIC_POINT)
     f.errors.update(p.errors)
     return not p.errors
 

@@ -1,3 +1,4 @@
+from regatta import contract
 from rest_framework import status
 from rest_framework.response import Response
 
@@ -13,7 +14,7 @@ class ProfileTraceView(WorkerView):
 
     @worker_schema.profiles
     def post(self, request, attempt_id):
-        f = self.fields(worker_reports.PROFILE_FIELDS)
+        f = self.fields(contract.PROFILE)
         report = worker_reports.profile_report(f, self.attempt)
         f.check()
         trace, created = record_trace(self.attempt, report)

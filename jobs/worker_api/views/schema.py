@@ -1,9 +1,9 @@
 """OpenAPI shapes of the worker endpoints. The views parse bodies by hand for
 speed (jobs/worker_api/fields.py, views/fast.py); these serializers only
-document them (docs/trainer-protocol.md), with the bounds those parsers
-enforce, so the schema refuses what the server refuses
-(tests/test_schemathesis.py). Each body may also name its `job_id`, which
-must be the attempt's job."""
+document them (docs/trainer-protocol.md). Both are made from the contract's
+table of each body (regatta/contract.py), so the schema refuses what the
+server refuses (tests/test_schemathesis.py). Each body may also name its
+`job_id`, which must be the attempt's job."""
 
 from drf_spectacular.utils import (
     OpenApiResponse,
@@ -11,16 +11,10 @@ from drf_spectacular.utils import (
     extend_schema_field,
     inline_serializer,
 )
+from regatta import contract
 from rest_framework import serializers as s
 
 from controlplane.lib.validation import StrictSerializer
-from jobs.metrics import ingest
-from jobs.profiling import MAX_PROFILE_STEPS
-from jobs.worker_api.heartbeats import PROGRESS_KEYS
-from jobs.worker_api.reports import KIND
-
-INT = 2**31 - 1  # fields.Fields.int's bound unless a field says otherwise
-MAX_RANK = 65535
 
 
 @extend_schema_field({"oneOf": [{"type": "integer"}, {"type": "string"}], "nullable": True,
@@ -29,14 +23,32 @@ class JobIdField(s.Field):
     pass
 
 
-def _job_id():
-    return JobIdField(required=False)
+def _field(field: contract.Field) -> s.Field:
+    """One field as the reader takes it (jobs/worker_api/fields.py): an
+    optional one also as null, a string untrimmed, a float finite."""
+    optional = {} if field.required else {"required": False, "allow_null": True}
+    common = {"help_text": field.meaning, **optional}
+    if field is contract.JOB_ID_FIELD:
+        return JobIdField(required=False)
+    if field.type is int:
+        return s.IntegerField(min_value=field.minimum, max_value=field.maximum, **common)
+    if field.type is float:
+        return s.FloatField(min_value=field.minimum, max_value=field.maximum, **common)
+    if field.type is bool:
+        return s.BooleanField(required=field.required, help_text=field.meaning)
+    if field.type is dict:
+        return s.DictField(**{**common, "required": False, "allow_null": True})
+    if field.pattern:
+        return s.RegexField(field.pattern, max_length=field.max_length, **common)
+    return s.CharField(max_length=field.max_length, trim_whitespace=False,
+                       allow_blank=field.min_length == 0, **common)
 
 
-def _text(max_length: int, **kw):
-    """An optional string the parser takes blank or null."""
-    return s.CharField(max_length=max_length, required=False, allow_blank=True,
-                       allow_null=True, trim_whitespace=False, **kw)
+def _serializer(name: str, body: contract.Body, **given: s.Field) -> type[StrictSerializer]:
+    """The body's serializer, named `name` in the schema; `given` fields
+    (a list's items) as they are."""
+    fields = {f.name: given.get(f.name) or _field(f) for f in body.fields}
+    return type(name, (StrictSerializer,), {"__module__": __name__, **fields})
 
 
 Directives = inline_serializer("Directives", {
@@ -48,69 +60,14 @@ Directives = inline_serializer("Directives", {
 })
 
 
-class Heartbeat(StrictSerializer):
-    rank = s.IntegerField(min_value=0, max_value=MAX_RANK)
-    node = _text(253)
-    step = s.IntegerField(min_value=0, max_value=INT)
-    gpu = s.DictField(allow_null=True, required=False)
-    job_id = _job_id()
-
-    def get_fields(self):
-        fields = super().get_fields()
-        for key in PROGRESS_KEYS:
-            fields[key] = s.FloatField(min_value=0, required=False, allow_null=True)
-        return fields
-
-
-class MetricPointIn(StrictSerializer):
-    rank = s.IntegerField(min_value=0, max_value=ingest.MAX_RANK)
-    name = s.CharField(max_length=ingest.MAX_NAME, trim_whitespace=False)
-    step = s.IntegerField(min_value=0, max_value=ingest.MAX_STEP)
-    value = s.FloatField()
-    time = s.FloatField(min_value=0, max_value=ingest.MAX_TIME, required=False,
-                        allow_null=True)
-
-
-class MetricBatch(StrictSerializer):
-    batch_id = _text(100)
-    points = s.ListField(child=MetricPointIn(), max_length=ingest.MAX_BATCH)
-    job_id = _job_id()
-
-
-class CheckpointCommitted(StrictSerializer):
-    step = s.IntegerField(min_value=0, max_value=INT)
-    uri = s.CharField(max_length=1000, trim_whitespace=False,
-                      help_text="this job's own step-<step> folder, as its storage spells it")
-    bytes = s.IntegerField(min_value=0, max_value=2**62, required=False, allow_null=True)
-    manifest_sha256 = _text(64)
-    save_seconds = s.FloatField(min_value=0, required=False, allow_null=True)
-    blocking_seconds = s.FloatField(min_value=0, required=False, allow_null=True)
-    emergency = s.BooleanField(required=False)
-    request_id = _text(64)
-    job_id = _job_id()
-
-
-class TrainerEvent(StrictSerializer):
-    kind = s.RegexField(KIND.pattern, max_length=41, help_text="snake_case, e.g. started")
-    rank = s.IntegerField(min_value=0, max_value=MAX_RANK, required=False, allow_null=True)
-    message = _text(10_000)
-    data = s.DictField(required=False, allow_null=True)
-    node = _text(253)
-    key = _text(100, help_text="the rank's name for this event: stored once per key")
-    job_id = _job_id()
-
-
-class ProfileTraceWritten(StrictSerializer):
-    request_id = s.CharField(max_length=64, trim_whitespace=False, allow_blank=True,
-                             help_text="a profile this attempt was asked for")
-    rank = s.IntegerField(min_value=0, max_value=MAX_RANK,
-                          help_text="a rank of the gang (below its world size)")
-    start_step = s.IntegerField(min_value=0, max_value=INT)
-    steps = s.IntegerField(min_value=0, max_value=MAX_PROFILE_STEPS)
-    uri = s.CharField(max_length=1000, trim_whitespace=False, allow_blank=True,
-                      help_text="this job's own trace file, as its storage spells it")
-    bytes = s.IntegerField(min_value=0, max_value=2**62, required=False, allow_null=True)
-    job_id = _job_id()
+Heartbeat = _serializer("Heartbeat", contract.HEARTBEAT)
+MetricPointIn = _serializer("MetricPointIn", contract.METRIC_POINT)
+MetricBatch = _serializer("MetricBatch", contract.METRIC_BATCH, points=s.ListField(
+    child=MetricPointIn(), max_length=contract.METRIC_BATCH["points"].max_length,
+    help_text=contract.METRIC_BATCH["points"].meaning))
+CheckpointCommitted = _serializer("CheckpointCommitted", contract.CHECKPOINT)
+TrainerEvent = _serializer("TrainerEvent", contract.EVENT)
+ProfileTraceWritten = _serializer("ProfileTraceWritten", contract.PROFILE)
 
 
 heartbeat = extend_schema(
@@ -127,7 +84,7 @@ metrics = extend_schema(
     responses={200: inline_serializer("MetricBatchReply", {
         "stored": s.IntegerField(help_text="points new to the store"),
         "duplicates": s.IntegerField(help_text="points already stored by an earlier send"),
-    }), 413: OpenApiResponse(description=f"More than {ingest.MAX_BATCH} points, or a body "
+    }), 413: OpenApiResponse(description=f"More than {contract.MAX_BATCH} points, or a body "
                                          "past REGATTA_MAX_BODY_BYTES.")},
 )
 
