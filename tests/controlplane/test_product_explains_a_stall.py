@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_product.py"
-STALLED = ROOT / "tests" / "clusters" / "stalled_ranks.py"
+STALLED = ROOT / "tests" / "support" / "stalled_ranks.py"
 
 
 def test_a_run_whose_job_stalls_says_what_its_ranks_were_doing(tmp_path):

@@ -16,7 +16,7 @@ from clusters.providers.base import Placement
 from clusters.providers.kubernetes import KubernetesProvider, KubeSettings
 from clusters.providers.kubernetes.manifests import from_dict, to_dict
 from testcluster import bootstrap
-from tests.clusters.test_kubernetes_manifests import make_pool, make_request
+from tests.clusters.providers.kubernetes.test_manifests import make_pool, make_request
 from tests.support.kube_calls import Recorder
 from tests.support.kube_cluster import TRAINING_NS
 from tests.support.waiting import eventually

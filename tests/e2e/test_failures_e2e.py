@@ -69,7 +69,7 @@ def test_a_killed_node_is_taken_out_replaced_from_the_spares_and_the_job_resumes
     assert resumed.evidence["step"] >= 5 and second.resume_step == resumed.evidence["step"]
     assert spare.name in set(second.placements.values_list("node__name", flat=True))
     # One failure, one spare, naming the node (preflight is off here: which
-    # spare is the pre-checked one is pinned in tests/clusters/test_spare_paths.py).
+    # spare is the pre-checked one is pinned in tests/clusters/reconcile/test_spare_paths.py).
     promotions = NodeEvent.objects.filter(node__cluster=cluster,
                                           reason__startswith="promoted from the spare pool")
     assert [(e.node.name, e.evidence["replaces"]) for e in promotions] == [(spare.name,

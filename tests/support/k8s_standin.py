@@ -5,12 +5,12 @@
   Secret create (API Priority and Fairness admits a lone request even at
   zero concurrency), and an informer's watch ending in an ERROR event (410
   Gone, which the real server sends only once etcd compacted the history
-  the watch resumes from, minutes on; 500), test_kubernetes_provider.py;
+  the watch resumes from, minutes on; 500), tests/clusters/providers/kubernetes/test_provider.py;
 - Volcano's PodGroups (the Go module proxy refuses every version of
   volcano.sh/volcano, so it cannot be built here) and kubelet states kwok
   has no stage for
   (CreateContainerConfigError, a registry's 429, ContainerCreating),
-  test_kubernetes_start_issues.py.
+  tests/clusters/providers/kubernetes/test_start_issues.py.
 
 Everything else runs on the real cluster. This one speaks just
 enough of the protocol over real HTTP (http.server on 127.0.0.1, port 0):

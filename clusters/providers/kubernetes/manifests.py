@@ -315,7 +315,7 @@ def _job(name, labels, settings, replicas, nproc, node_count) -> kf.KubeflowOrgV
                 # No backoffLimit: with one set (even 0), the training-operator
                 # (v1.9) deletes every pod of the job on its first failure,
                 # before it marks the job Failed, cleanPodPolicy or not, and
-                # the exit code goes with them (test_kubernetes_real_cluster.py,
+                # the exit code goes with them (kubernetes/test_real_cluster.py,
                 # test_a_rank_that_exits_with_an_error_fails_the_job_at_once).
                 clean_pod_policy="None", scheduling_policy=scheduling,
             ),

@@ -86,7 +86,7 @@ def test_no_preflight_runs_and_no_node_is_blamed_while_the_fleet_s_torch_install
         installer, tmp_path):
     from clusters.providers.base import Placement
     from clusters.providers.local import LocalProvider
-    from tests.clusters.local_fleet import make_pool
+    from tests.support.local_fleet import make_pool
 
     provider = LocalProvider("lab", tmp_path / "fleet" / "lab", standbys=True)
     pool = make_pool()

@@ -10,8 +10,8 @@ from clusters.models import Cluster, Node, NodeHealthEvent, NodePool
 from clusters.providers import get_provider, pool_info
 from clusters.reconcile import reconcile_cluster_unlocked
 from jobs.models import JobAttempt, Phase
-from tests.clusters.local_fleet import RANKS_SCRIPT, kill_everything
 from tests.fleet_helpers import kinds, launch, submit, team_with_quota
+from tests.support.local_fleet import RANKS_SCRIPT, kill_everything
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240), pytest.mark.usefixtures("fleet_dirs")]
 

@@ -15,13 +15,13 @@ from clusters.providers import get_provider
 from clusters.reconcile import reconcile_cluster_unlocked
 from jobs.models import JobEvent
 from jobs.reconcile import reconcile_job_unlocked
-from tests.clusters.local_fleet import kill_everything
 from tests.fleet_helpers import launch, submit, team_with_quota
+from tests.support.local_fleet import kill_everything
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240), pytest.mark.usefixtures("fleet_dirs")]
 
-STALLED = str(Path(__file__).resolve().parents[2] / "clusters" / "stalled_ranks.py")
+STALLED = str(Path(__file__).resolve().parents[2] / "support" / "stalled_ranks.py")
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """A tripwire on CUDA's entry points, for the tests of what may touch CUDA
-before a fork (tests/clusters/test_local_standby_cuda.py). Put this folder
+before a fork (tests/clusters/providers/local/test_standby_cuda.py). Put this folder
 first on PYTHONPATH: every interpreter started with it (and every process
 forked from one) appends one line per call to `calls.jsonl` beside this
 file: which process (its pid, and its RANK: None outside a rank), which
