@@ -8,8 +8,10 @@ from django.utils import timezone
 from controlplane.lib.errors import IllegalTransition, PermanentError, Refused
 from controlplane.lib.tasks import RECONCILE_CLUSTER
 
-from .models import Cluster, Node, NodeEvent
+from .models import Node, NodeEvent
 from .providers import get_provider, pool_info
+from .providers.capabilities import InjectsFaults
+from .providers.registry import provider_class
 
 
 def _actor(user) -> str:
@@ -85,9 +87,10 @@ def return_to_service(node: Node, user, reason: str = "", now=None) -> NodeEvent
 
 
 def inject_fault(node: Node, kind: str) -> dict:
-    """Local clusters only: make a node misbehave on purpose (tests, demos)."""
+    """Make a node misbehave on purpose (tests, demos), where the cluster's
+    provider can (InjectsFaults: the local one)."""
     cluster = node.cluster
-    if cluster.provider != Cluster.Provider.LOCAL:
+    if not issubclass(provider_class(cluster.provider), InjectsFaults):
         raise PermanentError(
             f"fault injection needs a local cluster; {cluster.name} is {cluster.provider}"
         )

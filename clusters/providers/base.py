@@ -217,9 +217,9 @@ class AttemptStatus:
 @dataclass(frozen=True)
 class RankActivity:
     """What one rank of a launched attempt is doing before its first step,
-    read on its node: the answer of a provider's optional
-    `describe_startup(ref) -> tuple[RankActivity, ...]` (the local
-    provider's: clusters/providers/local/startup.py). `state` is one of
+    read on its node: the answer of `describe_startup(ref)`, the
+    DescribesStartup capability (capabilities.py; the local provider's:
+    clusters/providers/local/startup.py). `state` is one of
     STARTUP_STATES; `since_s` how long it has been in it, when known;
     `marked`: the rank said so itself (the SDK's start-up markers), where a
     program without the SDK shows only that its process lives."""
@@ -239,8 +239,8 @@ STARTUP_STATES = ("not started", "importing", "rendezvous", "setting up", "loadi
 @dataclass(frozen=True)
 class LateLog:
     """A failed rank's log read once more, after the failure was acted on
-    without it (it could not be read then): the answer of a provider's
-    optional `late_logs(now) -> list[LateLog]` (`now` in Unix seconds),
+    without it (it could not be read then): the answer of `late_logs(now)`
+    (`now` in Unix seconds), the KeepsLateLogs capability (capabilities.py),
     which the cluster pass asks
     (clusters/reconcile/late_logs.py) for the job's timeline. `text` is the
     log's tail, or "" with `unreachable` saying why it still could not be
@@ -328,8 +328,11 @@ class FaultKind:
 
 @runtime_checkable
 class Provider(Protocol):
-    """Every provider implements these. All calls are idempotent: calling
-    twice with the same arguments does no more than calling once."""
+    """What every provider does: keep a fleet's nodes, and run attempts on
+    them. All calls are idempotent: calling twice with the same arguments
+    does no more than calling once. What only some providers do (health
+    signals, an autoscaler's account, fault injection, ...) is a capability
+    of its own (capabilities.py), never a stub here."""
 
     kind: str
     # Typed sections of Cluster.settings and NodePool.settings that this
@@ -342,26 +345,16 @@ class Provider(Protocol):
     def for_cluster(cls, name: str, settings) -> Provider:
         """The provider of cluster `name`, from its parsed `Settings`."""
 
+    # --- nodes ---------------------------------------------------------------
     def list_nodes(self, pool: PoolInfo) -> list[NodeInfo]:
         """Every node of the pool the provider knows, spares included."""
 
     def provision_node(self, pool: PoolInfo, name: str) -> NodeInfo:
         """Bring up one more node for the pool (a spare). May return a node that
-        is not ready yet; it turns ready in a later `list_nodes`."""
-
-    def launch(self, request: LaunchRequest) -> dict:
-        """Start the attempt; return a JSON-able ref that `observe` and `stop`
-        take, enough to find the attempt again after a worker restart."""
-
-    def observe(self, ref: dict) -> AttemptStatus:
-        ...
-
-    def stop(self, ref: dict, grace_s: float = 30.0) -> None:
-        """Stop every rank of the attempt (SIGTERM, then SIGKILL after grace)."""
-
-    def preflight(self, pool: PoolInfo, placements: tuple[Placement, ...],
-                  timeout_s: float = 60.0) -> PreflightResult:
-        ...
+        is not ready yet; it turns ready in a later `list_nodes`. Whether a
+        pool can grow is the pool's (a Kubernetes pool with or without a node
+        group): one that cannot raises PermanentError saying where its nodes
+        come from."""
 
     def cordon(self, pool: PoolInfo, node: str) -> None:
         ...
@@ -377,24 +370,23 @@ class Provider(Protocol):
         Never waits for it: a machine the provider brings up later is found
         by a later `list_nodes` and joins as a spare."""
 
-    def scaling_status(self, pool: PoolInfo, since) -> ScalingStatus:
-        """How the asks for capacity made since `since` (an aware datetime)
-        went. Providers whose capacity comes at once report settled."""
-
-    def release(self, pool: PoolInfo, node: str, provider_id: str) -> str | None:
-        """The retired node's machine is drained: let it go now rather than
-        when a termination hook times out. Returns what was done ("" when
-        nothing held it), or None to be asked again in a later pass."""
-
     def hold_spares(self, pool: PoolInfo, nodes: list[str]) -> None:
         """Keep `nodes`, the pool's ready spares (all of them: a node left
         out is no spare any more), for Regatta alone where the platform
-        would give an idle node to others' work (a Slurm reservation).
-        Nothing to do where only Regatta places work on the pool."""
+        would give an idle node to others' work (a Slurm reservation), or
+        warm for a quick start (a standby on each)."""
 
-    def health_signals(self, pool: PoolInfo) -> list[HealthSignal]:
-        """Health signals seen since the last call (XIDs, spot notices, ...)."""
+    # --- attempts ------------------------------------------------------------
+    def preflight(self, pool: PoolInfo, placements: tuple[Placement, ...],
+                  timeout_s: float = 60.0) -> PreflightResult:
+        ...
 
-    def inject_fault(self, pool: PoolInfo, node: str, kind: str) -> dict:
-        """Operators' fault injection; only the local provider supports it,
-        others raise PermanentError."""
+    def launch(self, request: LaunchRequest) -> dict:
+        """Start the attempt; return a JSON-able ref that `observe` and `stop`
+        take, enough to find the attempt again after a worker restart."""
+
+    def observe(self, ref: dict) -> AttemptStatus:
+        ...
+
+    def stop(self, ref: dict, grace_s: float = 30.0) -> None:
+        """Stop every rank of the attempt (SIGTERM, then SIGKILL after grace)."""

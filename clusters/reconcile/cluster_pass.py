@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from clusters.models import Cluster, Node, NodeHealthEvent
 from clusters.providers import get_provider, pool_info
+from clusters.providers.capabilities import ReportsHealth
 from controlplane.lib import runner
 from controlplane.lib.errors import PermanentError, TemporaryError
 from controlplane.lib.reconcile import Result
@@ -65,7 +66,9 @@ def reconcile_cluster_unlocked(cluster_id: int, now=None) -> Result:
     for pool in pools:
         info = pool_info(pool)
         sync_pool(pool, provider, info, now)
-        _record_health(pool, provider.health_signals(info), now)
+        # A provider without signals (Slurm: a down node is listed not ready) has none.
+        _record_health(pool, provider.health_signals(info)
+                       if isinstance(provider, ReportsHealth) else [], now)
         _take_out_idle_with_open_events(pool, now)
         _close_events_of_retired_nodes(pool, now)
         _carry_out_drains(pool, provider, info, now)

@@ -24,6 +24,7 @@ from django.db.models import F
 
 from clusters.models import Node, NodeHealthEvent
 from clusters.providers import get_provider, pool_info
+from clusters.providers.capabilities import ClaimsCordons
 
 from .. import wake
 from .replacement import take_out
@@ -103,9 +104,8 @@ def _claim_cordon(row: Node) -> None:
     tell holds apart by a mark of Regatta's: Kubernetes' claim_cordon)."""
     try:
         provider = get_provider(row.pool.cluster)
-        claim = getattr(provider, "claim_cordon", None)
-        if claim is not None:
-            claim(pool_info(row.pool), row.name)
+        if isinstance(provider, ClaimsCordons):
+            provider.claim_cordon(pool_info(row.pool), row.name)
     except Exception as exc:  # noqa: BLE001 - asked again by the next pass
         log.warning("claiming the cordon of %s failed: %s", row.name, exc)
 

@@ -4,8 +4,8 @@ unreachable) is read again by a later cluster pass, whatever became of the
 job since (relaunched, failed, cancelled), and goes on the job's timeline.
 
 The provider keeps what it could not read and reads it when asked, once
-(`late_logs()`, optional: Kubernetes keeps the pod, clusters/providers/
-kubernetes/kept_logs.py). Clusters never import jobs: the app that places
+(`late_logs()`, the KeepsLateLogs capability: Kubernetes keeps the pod,
+clusters/providers/kubernetes/kept_logs.py). Clusters never import jobs: the app that places
 the attempts registers where a late log goes (jobs/apps.py), as it tells
 what runs on a node (workload.py).
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from clusters.providers.capabilities import KeepsLateLogs
 from controlplane.lib.errors import PermanentError, TemporaryError
 
 log = logging.getLogger(__name__)
@@ -31,12 +32,11 @@ def register(record: Callable) -> None:
 
 def collect(cluster, provider, now) -> int:
     """Ask the provider for the logs it kept and hand each to the timeline;
-    how many. A provider that keeps none has no `late_logs`."""
-    late_logs = getattr(provider, "late_logs", None)
-    if late_logs is None or _record is None:
+    how many; none from a provider that keeps none."""
+    if not isinstance(provider, KeepsLateLogs) or _record is None:
         return 0
     try:
-        found = late_logs(now.timestamp())
+        found = provider.late_logs(now.timestamp())
     except (PermanentError, TemporaryError) as exc:
         log.warning("cluster %s: kept logs not read: %s", cluster.name, exc)
         return 0

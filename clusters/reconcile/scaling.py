@@ -27,6 +27,8 @@ from datetime import timedelta
 from django.db.models import F
 
 from clusters.models import Node, NodeEvent, NodePool
+from clusters.providers.base import ScalingStatus
+from clusters.providers.capabilities import TracksScaling
 from controlplane.lib.errors import PermanentError, TemporaryError
 
 from ..workload import jobs_on
@@ -67,13 +69,16 @@ def check_backoff(pool: NodePool, now) -> None:
 
 
 def watch_scaling(pool: NodePool, provider, info, now) -> None:
-    """Read how the pool's asks went; record failures; end a settled watch."""
+    """Read how the pool's asks went; record failures; end a settled watch.
+    A provider without a node source of its own (no TracksScaling) has its
+    capacity at once: settled."""
     pool.refresh_from_db()
     since = pool.scaling_watch_since
     if since is None:
         return
     try:
-        status = provider.scaling_status(info, since)
+        status = (provider.scaling_status(info, since)
+                  if isinstance(provider, TracksScaling) else ScalingStatus())
     except (PermanentError, TemporaryError) as exc:
         # Read again next pass; the rest of the pass must not wait on it.
         log.warning("pool %s: scaling activities not read: %s", pool, exc)
@@ -131,7 +136,8 @@ def conditions(cluster, now) -> list[dict]:
 def release_retired(pool: NodePool, provider, info, now) -> None:
     """Let the machines of this pool's retired, drained nodes go: the ones
     whose retirement this control plane asked of the provider and that no
-    gang holds any more."""
+    gang holds any more. Without a node source of its own (no TracksScaling)
+    a retired node holds nothing: released at once."""
     owed = list(Node.objects.filter(pool=pool, state=Node.State.REPLACED,
                                     replace_requested_at__isnull=True,
                                     replace_asked_at__isnull=False, released_at__isnull=True))
@@ -142,7 +148,8 @@ def release_retired(pool: NodePool, provider, info, now) -> None:
         if busy.get(node.id):
             continue  # its gang is still leaving: the drain is not done
         try:
-            done = provider.release(info, node.name, node.provider_id)
+            done = (provider.release(info, node.name, node.provider_id)
+                    if isinstance(provider, TracksScaling) else "")
         except (PermanentError, TemporaryError) as exc:
             log.warning("node %s: machine not released: %s", node.name, exc)
             continue

@@ -29,6 +29,7 @@ from django.db.models import Count, F, Q, Sum
 
 from clusters.models import Cluster, Node, NodePool
 from clusters.providers import get_provider
+from clusters.providers.capabilities import WaitsForEnvironment
 from clusters.providers.registry import provider_class
 from controlplane.lib.tasks import (
     ADMIT_CLUSTER,
@@ -130,8 +131,8 @@ def _plural(n: int, word: str) -> str:
 
 def fleet_waiting(cluster: Cluster) -> str:
     """Why the cluster's fleet cannot run ranks yet, as its provider says
-    (`environment_waiting`: only the local provider has one), or ""."""
-    if not hasattr(provider_class(cluster.provider), "environment_waiting"):
+    (the WaitsForEnvironment capability: only the local provider has it), or ""."""
+    if not issubclass(provider_class(cluster.provider), WaitsForEnvironment):
         return ""  # no provider is built for nothing in every pass
     return get_provider(cluster).environment_waiting()
 

@@ -5,8 +5,8 @@ a rendezvous, a checkpoint load, torch.compile's first step) or never end
 (a rank that never comes), and the start-up deadlines (detect.py) are long
 on purpose. So once an attempt has had no step reported for the cluster
 setting `startup_report_after_s` after its launch, the job's pass asks the
-provider what each rank is doing (its optional `describe_startup(ref)`,
-read on the nodes: clusters/providers/local/startup.py) and writes a
+provider what each rank is doing (`describe_startup(ref)`, the
+DescribesStartup capability, read on the nodes: clusters/providers/local/startup.py) and writes a
 `StartupReport` event: per rank its state (not started, importing,
 rendezvous, setting up, loading checkpoint, compiling, first step, running
 without reporting, exited, gone), for how long, and whether the control
@@ -20,6 +20,7 @@ use the SDK: its `NoHeartbeats` condition says what there is to say).
 from __future__ import annotations
 
 from clusters.providers.base import RankActivity
+from clusters.providers.capabilities import DescribesStartup
 from jobs.context import Ctx
 
 from ..models import JobAttempt, RankStatus
@@ -29,11 +30,11 @@ REPORT = "StartupReport"
 
 def watch(ctx: Ctx, attempt: JobAttempt, status) -> None:
     after = ctx.config.startup_report_after_s
-    describe = getattr(ctx.provider, "describe_startup", None)
+    provider = ctx.provider
     # No step reported by any rank (a program judged not to report has a
     # first step on record without one: jobs/reconcile/job_pass.py).
-    if (not after or describe is None or attempt.started_at is None or attempt.last_step > 0
-            or status.state != "running"):
+    if (not after or not isinstance(provider, DescribesStartup) or attempt.started_at is None
+            or attempt.last_step > 0 or status.state != "running"):
         return
     waited = (ctx.now - attempt.started_at).total_seconds()
     if waited < after:
@@ -42,7 +43,7 @@ def watch(ctx: Ctx, attempt: JobAttempt, status) -> None:
     mine = noted is not None and noted.get("attempt") == attempt.id
     if mine and ctx.now.timestamp() - noted["at"] < after:
         return
-    ranks = describe(attempt.provider_ref)
+    ranks = provider.describe_startup(attempt.provider_ref)
     if ctx.job.entrypoint and ranks and all(r.state == "importing" and not r.marked
                                             for r in ranks):
         # A program without the SDK: that its processes live is all there is

@@ -28,7 +28,6 @@ from clusters.providers.base import (
     Placement,
     PoolInfo,
     PreflightResult,
-    ScalingStatus,
     preflight_evidence,
 )
 from controlplane.lib.errors import PermanentError
@@ -251,15 +250,6 @@ class MemoryProvider:
     def hold_spares(self, pool: PoolInfo, nodes: list[str]) -> None:
         pass  # only Regatta places work on its nodes
 
-    def scaling_status(self, pool: PoolInfo, since) -> ScalingStatus:
-        return ScalingStatus()
-
-    def release(self, pool: PoolInfo, node: str, provider_id: str) -> str | None:
-        return ""
-
     def health_signals(self, pool: PoolInfo) -> list[HealthSignal]:
         with _LOCK:
             return self.fleet.signals.pop((pool.cluster, pool.name), [])
-
-    def inject_fault(self, pool: PoolInfo, node: str, kind: str) -> dict:
-        raise PermanentError("the memory provider takes faults through its test methods")

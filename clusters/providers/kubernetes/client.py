@@ -392,9 +392,6 @@ class KubernetesProvider:
             return ""
         return self.aws().release(pool, provider_id)
 
-    def inject_fault(self, pool: PoolInfo, node: str, kind: str) -> dict:
-        raise PermanentError("fault injection is only for the local provider")
-
     # --- attempts -----------------------------------------------------------------
     def launch(self, request: LaunchRequest) -> dict:
         """The PyTorchJob first, then its token Secret owned by it (so the

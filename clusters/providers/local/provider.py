@@ -25,7 +25,6 @@ from ..base import (
     PoolInfo,
     PreflightResult,
     RankActivity,
-    ScalingStatus,
 )
 from . import attempts, devices, faults, preflight, procs, standby, startup, worker_env
 from .base_paths import LAUNCHER
@@ -175,12 +174,6 @@ class LocalProvider:
         """End the idle standbys (Regatta stopping; running attempts are
         stopped through `stop`)."""
         standby.stop_idle(self.root)
-
-    def scaling_status(self, pool: PoolInfo, since) -> ScalingStatus:
-        return ScalingStatus()  # a logical node is there as soon as it is asked for
-
-    def release(self, pool: PoolInfo, node: str, provider_id: str) -> str | None:
-        return ""  # a retired logical node holds nothing
 
     # --- attempts ---------------------------------------------------------
     def launch(self, request: LaunchRequest) -> dict:

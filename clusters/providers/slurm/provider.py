@@ -5,7 +5,10 @@ Slurm owns the machines and places jobs on the nodes Regatta names
 (`--nodelist`); Regatta owns health, spares, relaunches and evidence. A pool
 is a partition, narrowed to a node feature when the pool sets one. Nodes are
 never created here: `provision_node` says so, and `replace` retires a node by
-draining it with a reason that says why.
+draining it with a reason that says why. It has no health signals of its
+own (no ReportsHealth, capabilities.py): a node Slurm calls down is listed
+not ready, and fails once that outlasts the cluster's grace, so a slurmctld
+restart (UNKNOWN for a moment) is no loss.
 """
 
 from __future__ import annotations
@@ -23,13 +26,11 @@ from controlplane.lib.typed_settings import setting
 
 from ..base import (
     AttemptStatus,
-    HealthSignal,
     LaunchRequest,
     NodeInfo,
     Placement,
     PoolInfo,
     PreflightResult,
-    ScalingStatus,
     preflight_evidence,
 )
 from . import attempts, preflight, reservation
@@ -149,12 +150,6 @@ class SlurmProvider:
             self._update(node, "drain", f"{REASON_PREFIX}replaced")
         return None
 
-    def scaling_status(self, pool: PoolInfo, since) -> ScalingStatus:
-        return ScalingStatus()  # nothing is ever asked of Slurm for capacity
-
-    def release(self, pool: PoolInfo, node: str, provider_id: str) -> str | None:
-        return ""  # the drained node stays Slurm's
-
     # --- attempts ---------------------------------------------------------
     def launch(self, request: LaunchRequest) -> dict:
         partition, feature = self._where(request.pool)
@@ -240,14 +235,3 @@ class SlurmProvider:
             return name
         self._unreserve(pool, nodes)
         return ""
-
-    # --- health -------------------------------------------------------------
-    def health_signals(self, pool: PoolInfo) -> list[HealthSignal]:
-        # A node Slurm calls down is reported not ready (list_nodes), and
-        # fails once that outlasts the cluster's grace: a slurmctld restart
-        # (UNKNOWN for a moment) is no loss.
-        return []
-
-    def inject_fault(self, pool: PoolInfo, node: str, kind: str) -> dict:
-        raise PermanentError("fault injection is the local provider's; on Slurm, stop the "
-                             "node's slurmd (docs/slurm.md)")

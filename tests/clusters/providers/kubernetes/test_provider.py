@@ -630,11 +630,6 @@ def test_provisioning_without_an_auto_scaling_group_is_refused(provider):
         provider.provision_node(make_pool(), "spare-1")
 
 
-def test_fault_injection_is_refused(provider):
-    with pytest.raises(PermanentError, match="only for the local provider"):
-        provider.inject_fault(make_pool(), "n1", "kill")
-
-
 # --- nodes and health ------------------------------------------------------------
 
 def as_device_plugin(world, node, gpus):
