@@ -22,9 +22,11 @@ import logging
 
 from django.db.models import F
 
-from clusters.models import Node, NodeHealthEvent
+from clusters.models import Node, NodeEvent, NodeHealthEvent
 from clusters.providers import get_provider, pool_info
 from clusters.providers.capabilities import ClaimsCordons
+from controlplane.lib.bulk import insert_rows, update_by_ids
+from controlplane.lib.transitions import event_time
 
 from .. import wake
 from .replacement import take_out
@@ -110,13 +112,20 @@ def _claim_cordon(row: Node) -> None:
         log.warning("claiming the cordon of %s failed: %s", row.name, exc)
 
 
+def _ready_again(since, now) -> str:
+    return f"ready again after {(now - since).total_seconds():.0f} s: no failure"
+
+
+def _not_ready(grace_s: float) -> str:
+    return f"the provider reports it not ready; it fails if that lasts {grace_s:g} s"
+
+
 def _follow_readiness(row: Node, seen, grace_s: float, now) -> None:
     if seen.ready:
         if row.not_ready_since is not None:
-            spell = (now - row.not_ready_since).total_seconds()
             Node.objects.filter(pk=row.pk).update(not_ready_since=None)
             if row.state == Node.State.READY:
-                row.note(f"ready again after {spell:.0f} s: no failure",
+                row.note(_ready_again(row.not_ready_since, now),
                          now=now, evidence={"provider_status": seen.conditions})
         return
     if row.state != Node.State.READY:
@@ -124,8 +133,7 @@ def _follow_readiness(row: Node, seen, grace_s: float, now) -> None:
     if row.not_ready_since is None:
         Node.objects.filter(pk=row.pk).update(not_ready_since=now)
         row.not_ready_since = now
-        row.note(f"the provider reports it not ready; it fails if that lasts {grace_s:g} s",
-                 now=now, evidence={"provider_status": seen.conditions})
+        row.note(_not_ready(grace_s), now=now, evidence={"provider_status": seen.conditions})
     lasted = (now - row.not_ready_since).total_seconds()
     if lasted < grace_s:
         return
@@ -175,3 +183,75 @@ def _follow_mend(row: Node, seen, now) -> None:
     request_return(row, actor=SCHEDULER, now=now,
                    reason="available again at the provider (mended and resumed by its owner)")
 
+
+
+# The columns of a node's row that `plan` reads: a pass reads these of every
+# node, and the whole row only of a node that following changes.
+COLUMNS = ("id", "state", "admin_hold", "not_ready_since", "provider_held",
+           "return_requested_at", "replace_requested_at")
+# What following a node comes to: nothing; one of the steps `follow_many`
+# takes for many nodes in a statement (the writes and notes `follow` makes);
+# or WHOLE: its row loaded as a model and `follow`ed.
+QUIET, WHOLE = "quiet", "whole"
+NOT_READY, READY_AGAIN, HELD_DOWN = "not ready", "ready again", "held down"
+
+
+def plan(row: dict, seen, grace_s: float, now) -> str:
+    """What `follow` would do to a node, judged from the COLUMNS of its row
+    (a dict): QUIET when it writes nothing, one step `follow_many` takes when
+    that is all it writes, else WHOLE (a hold, a failure, a return, or more
+    than one step). A fleet's pass mostly finds nodes QUIET, and a spell
+    that touches every node at once (an API server's stall leaves them all
+    NotReady) is one bulk step. Mirrors `follow`: a change there is one
+    here."""
+    if (seen.admin_hold or "")[:300] != row["admin_hold"]:
+        return WHOLE  # _follow_hold: taken, lifted, or a cordon to claim
+    steps = []
+    since = row["not_ready_since"]
+    if seen.ready:
+        if since is not None:
+            steps.append(READY_AGAIN)
+    elif row["state"] == Node.State.READY:
+        if since is None:
+            if grace_s <= 0:
+                return WHOLE  # fails at once
+            steps.append(NOT_READY)
+        elif (now - since).total_seconds() >= grace_s:
+            return WHOLE  # _fail
+    if row["state"] in MENDABLE and not row["admin_hold"]:
+        if not (seen.ready and not seen.unschedulable and not seen.admin_hold):
+            if not row["provider_held"]:
+                steps.append(HELD_DOWN)
+        elif (row["provider_held"] and row["return_requested_at"] is None
+              and row["replace_requested_at"] is None):
+            return WHOLE  # request_return
+    if not steps:
+        return QUIET
+    return steps[0] if len(steps) == 1 else WHOLE
+
+
+def follow_many(steps: dict[str, list], grace_s: float, now) -> None:
+    """Take the steps `plan` gave, each for all its nodes at once: the same
+    writes and notes `follow` makes one node at a time, in a few statements
+    whatever the fleet's size. `steps` maps a step to its (row, seen) pairs,
+    the rows as `plan` read them."""
+    at = event_time(now)
+    events = []
+
+    def note(row: dict, reason: str, seen) -> None:
+        events.append({"node_id": row["id"], "from_state": row["state"],
+                       "to_state": row["state"], "reason": reason[:300],
+                       "evidence": {"provider_status": seen.conditions}, "created_at": at})
+
+    went = steps.get(NOT_READY, ())
+    update_by_ids(Node, [row["id"] for row, _ in went], not_ready_since=now)
+    for row, seen in went:
+        note(row, _not_ready(grace_s), seen)
+    back = steps.get(READY_AGAIN, ())
+    update_by_ids(Node, [row["id"] for row, _ in back], not_ready_since=None)
+    for row, seen in back:
+        if row["state"] == Node.State.READY:
+            note(row, _ready_again(row["not_ready_since"], now), seen)
+    update_by_ids(Node, [row["id"] for row, _ in steps.get(HELD_DOWN, ())],
+                  provider_held=True)
+    insert_rows(NodeEvent, events)

@@ -2,31 +2,61 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 from django.db import transaction
 from django.db.models import F, Q
 
 from clusters.models import Node, NodeEvent, NodePool
-from controlplane.lib.bulk import insert_rows
+from controlplane.lib.bulk import insert_rows, update_by_ids
 from controlplane.lib.transitions import event_time
 
-from .follow import follow
+from .follow import COLUMNS, QUIET, WHOLE, follow, follow_many, plan
 from .scaling import check_backoff, note_asked
 
 log = logging.getLogger(__name__)
 
 
 def sync_pool(pool, provider, info, now) -> None:
+    """Bring the pool's rows in step with the provider's nodes. Compares a
+    few columns of each row with what the provider reports, and loads the
+    whole row, as a model, only of a node whose state may change: a pass
+    over a quiet 5,000-node pool made a model object of every row, most of
+    its time. Writes shared by many nodes (a spell that touches them all)
+    are a statement or a few (`follow_many`), and transitions go one node
+    at a time through the model, as ever."""
     reported = {n.name: n for n in provider.list_nodes(info)}
-    rows = {n.name: n for n in Node.objects.filter(cluster_id=pool.cluster_id, pool=pool)}
+    rows = {row["name"]: row for row in
+            Node.objects.filter(cluster_id=pool.cluster_id, pool=pool).order_by("name")
+            .values("name", "provider_status", *COLUMNS)}
     _found(pool, [seen for name, seen in reported.items() if name not in rows], now)
     _keep_provider_status(rows, reported)
     grace = pool.cluster.config.node_failure_grace_s
-    # Rows were read as the pass began: a job's pass may have moved a node
-    # since (cordoned and replaced it), and then what was seen is moot.
+    whole, steps = [], {}
     for name, row in rows.items():
         seen = reported.get(name)
+        if seen is None:
+            if row["state"] not in Node.RETIRED:
+                whole.append(row["id"])
+            continue
+        if row["state"] == Node.State.PROVISIONING and seen.ready:
+            step = WHOLE
+        else:
+            step = plan(row, seen, grace, now)
+        if step == WHOLE:
+            whole.append(row["id"])
+        elif step != QUIET:
+            steps.setdefault(step, []).append((row, seen))
+    follow_many(steps, grace, now)
+    loaded = Node.objects.in_bulk(whole)
+    # Rows were read as the pass began: a job's pass may have moved a node
+    # since (cordoned and replaced it), and then what was seen is moot.
+    for node_id in whole:  # in the order of their names, as ever
+        row = loaded.get(node_id)
+        if row is None:
+            continue  # deleted meanwhile
+        seen = reported.get(row.name)
         if seen is None:
             if row.state not in Node.RETIRED:
                 row.transition(Node.State.TERMINATED, reason="no longer at the provider", now=now)
@@ -39,15 +69,23 @@ def sync_pool(pool, provider, info, now) -> None:
 
 def _keep_provider_status(rows: dict, reported: dict) -> None:
     """What the provider says of each node, for operators; written only
-    where it changed, so a quiet fleet's pass writes nothing."""
-    changed = []
+    where it changed, so a quiet fleet's pass writes nothing. Nodes that
+    now report the same conditions (a spell across the fleet) are one
+    UPDATE; the rest, one `bulk_update`."""
+    shared: dict[str, tuple[dict, list]] = {}
     for name, row in rows.items():
         seen = reported.get(name)
-        if seen is not None and row.provider_status != seen.conditions:
-            row.provider_status = dict(seen.conditions)
-            changed.append(row)
-    if changed:
-        Node.objects.bulk_update(changed, ["provider_status"], batch_size=500)
+        if seen is not None and row["provider_status"] != seen.conditions:
+            key = json.dumps(seen.conditions, sort_keys=True, default=str)
+            shared.setdefault(key, (seen.conditions, []))[1].append(row["id"])
+    alone = []
+    for conditions, ids in shared.values():
+        if len(ids) == 1:
+            alone.append(Node(id=ids[0], provider_status=dict(conditions)))
+        else:
+            update_by_ids(Node, ids, provider_status=dict(conditions))
+    if alone:
+        Node.objects.bulk_update(alone, ["provider_status"], batch_size=500)
 
 
 FOUND = "found at the provider"

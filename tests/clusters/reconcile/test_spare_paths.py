@@ -137,7 +137,7 @@ def test_a_node_its_job_replaced_while_the_cluster_pass_read_it_stays_replaced(d
     read_rows = sync._keep_provider_status
 
     def job_pass_meanwhile(rows, reported):
-        assert rows[victim.name].state == Node.State.READY, "read before the job's pass"
+        assert rows[victim.name]["state"] == Node.State.READY, "read before the job's pass"
         reconcile_job_unlocked(job.id, later(now, 2))
         read_rows(rows, reported)
 
