@@ -237,8 +237,8 @@ def test_the_provider_calls_only_what_the_role_grants(kube_world):
     # A gang not started yet: its Kueue Workload or Volcano PodGroup is read
     # (neither is installed here: the API server answers 404 after RBAC).
     for gang in ("kueue", "volcano"):
-        provider.settings = KubeSettings(preflight="dcgm-labels", gang_scheduler=gang,
-                                         queue="q", request_timeout_s=10)
+        provider = KubernetesProvider(calls.api, KubeSettings(
+            preflight="dcgm-labels", gang_scheduler=gang, queue="q", request_timeout_s=10))
         provider.observe(provider.launch(make_request(name=f"job-7-{gang}", nodes=(node,),
                                                       pool=info)))
     assert calls.calls("DELETE", f"/api/v1/nodes/{node}")

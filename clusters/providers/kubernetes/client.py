@@ -1,4 +1,11 @@
-"""The Kubernetes provider: Kubeflow PyTorchJobs on a cluster's GPU nodes.
+"""The Kubernetes provider: Kubeflow training jobs on a cluster's GPU nodes.
+
+It is assembled from three parts, each chosen by the settings: the job API
+new attempts are made with (`job_api`: pytorchjob_calls.py or
+trainjob_calls.py), the queue their gangs wait in (`gang_scheduler`:
+queues.py), and, per pool, the node source behind its machines (`asg_name`,
+`node_autoscaler`: node_sources.py). What is left here is what every choice
+shares: nodes, cordons, drains, spares' standbys, health, logs, preflight.
 
 Every call goes through `_call`, which adds the request timeout and sorts
 failures into temporary / permanent / other (errors.py). Deletes treat 404
@@ -34,26 +41,24 @@ from ..base import (
 )
 from . import capacity, kept_logs, reachability
 from . import manifests as mf
-from .config import KubePoolSettings, KubeSettings, replace_mode
+from .config import KubePoolSettings, KubeSettings
 from .errors import classify, unanswered
 from .informers import ClusterCache, shared
-from .kinds import PYTORCHJOB, JobKind
+from .kinds import PYTORCHJOB, TRAINJOB
+from .node_sources import NodeSource, node_source_for
 from .observe import (
     CORDONED_BY_REGATTA,
-    attempt_status,
     event_issues,
     lost_ranks,
     node_info,
-    node_rank,
     node_signals,
     pods_by_rank,
-    started,
-    suspended,
 )
 from .preflight import run_allreduce, run_dcgm_labels
+from .pytorchjob_calls import PyTorchJobCalls
+from .queues import queue_for
 from .reads import CachedReads, LiveReads
 from .resources import smallest_allocatable
-from .trainjob import KIND as TRAINJOB_KIND
 from .trainjob_calls import TrainJobCalls
 
 
@@ -110,11 +115,16 @@ class KubernetesProvider:
         self._aws = None
         self._sleep, self._clock = sleep, clock
         self.reach = reachability.of(api_client.configuration.host)
-        # Attempts made as TrainJobs (job_api trainjob); an attempt is observed
-        # and stopped by the kind its reference names, so attempts launched
-        # before the setting changed are still found.
-        self._trainjobs = TrainJobCalls(self)
         self.reads = CachedReads(self, cache) if cache is not None else LiveReads(self)
+        # The parts: the queue, and the job APIs that consult it. New
+        # attempts are made with `jobs`; an attempt is observed and stopped
+        # by the kind its reference names (`job_api_of`), so attempts
+        # launched before the setting changed are still found.
+        self.queue = queue_for(settings.gang_scheduler, self.reads)
+        self.job_apis = {PYTORCHJOB.name: PyTorchJobCalls(self, self.queue),
+                         TRAINJOB.name: TrainJobCalls(self, self.queue)}
+        self.jobs = self.job_apis[TRAINJOB.name if settings.job_api == "trainjob"
+                                  else PYTORCHJOB.name]
         # Failed pods whose log this provider could not read ({pod: why}):
         # kept past the attempt's stop, for a later read (kept_logs.py).
         self.unread_logs: dict[str, str] = {}
@@ -179,82 +189,20 @@ class KubernetesProvider:
         resp = self._call(what, fn, *args, ok=ok, _preload_content=False, **kwargs)
         return None if resp is None else json.loads(resp.data)
 
-    def _create_job(self, body: dict, attempt_id: str | None) -> dict:
-        name = body["metadata"]["name"]
-        created = self._call(f"create PyTorchJob {name}",
-                             self.custom.create_namespaced_custom_object,
-                             mf.GROUP, mf.VERSION, self.ns, mf.PLURAL, body, ok=(409,))
-        if created is not None:
-            return created
-        existing = self._get_kind(PYTORCHJOB, name)
-        labels = (existing or {}).get("metadata", {}).get("labels") or {}
-        if existing is None or labels.get(mf.MANAGED_BY) != mf.MANAGER or (
-                attempt_id is not None and labels.get(mf.LABEL_ATTEMPT) != attempt_id):
-            raise PermanentError(f"PyTorchJob {self.ns}/{name} exists and is not this attempt's")
-        return existing
-
     # --- nodes ----------------------------------------------------------------------
     def _pool_nodes(self, pool: PoolInfo) -> list[dict]:
         return self.reads.nodes(dict(pool.node_selector))
 
+    def node_source(self, pool: PoolInfo) -> NodeSource:
+        """The part that brings up the pool's machines (node_sources.py)."""
+        return node_source_for(self, pool)
+
     def list_nodes(self, pool: PoolInfo) -> list[NodeInfo]:
         nodes = [self.reads.derived("info", n, node_info) for n in self._pool_nodes(pool)]
-        if pool.settings.node_autoscaler == "karpenter":
-            return nodes + self._spares_coming(pool, {n.name for n in nodes})
-        if not pool.settings.asg_name:
-            return nodes
-        # An instance of the group that has not registered yet (a spare or a
-        # replacement still booting) is the pool's all the same: listed not
-        # ready, so the reconciler keeps its row instead of calling it gone.
-        joined = {_instance(n.provider_id) for n in nodes} | {n.name for n in nodes}
-        booting = [n for n in self.aws().list_nodes(pool)
-                   if _instance(n.provider_id) not in joined and n.name not in joined]
-        return nodes + booting
-
-    def _capacity_pods(self, pool: PoolInfo, **query) -> list[dict]:
-        return self.reads.pods(capacity.selector(pool), f"list capacity pods of {pool.name}",
-                               **query)
-
-    def _spares_coming(self, pool: PoolInfo, joined: set[str]) -> list[NodeInfo]:
-        """Spares asked of Karpenter whose node has not joined yet: listed not
-        ready under the name Regatta gave them, so their rows wait."""
-        coming = []
-        for pod in self._capacity_pods(pool):
-            name = (pod["metadata"].get("labels") or {}).get(capacity.LABEL_FOR)
-            if name and (pod.get("spec") or {}).get("nodeName") not in joined:
-                coming.append(NodeInfo(name=name, ready=False, gpus=pool.gpus_per_node))
-        return coming
-
-    def _ask_capacity(self, pool: PoolInfo, key: str, spare_name: str = "",
-                      avoid: tuple[str, ...] = ()) -> None:
-        # Karpenter launches only for a pod that no node can take. Kept off
-        # every node the pool has now: the scheduler would bind it to an idle
-        # one, Karpenter would see nothing pending, and the pool would be a
-        # node short after each replacement (or never get its spare).
-        present = tuple(n["metadata"]["name"] for n in self._pool_nodes(pool))
-        body = mf.to_dict(capacity.capacity_pod(pool, self.settings, key,
-                                                spare_name=spare_name,
-                                                avoid=tuple(set(avoid) | set(present))))
-        # 409: asked before (a repeated call), one pod all the same.
-        self._call(f"create capacity pod for {key}", self.core.create_namespaced_pod,
-                   self.ns, body, ok=(409,))
+        return nodes + self.node_source(pool).coming(pool, nodes)
 
     def provision_node(self, pool: PoolInfo, name: str) -> NodeInfo:
-        if pool.settings.node_autoscaler == "karpenter":
-            self._ask_capacity(pool, f"spare/{name}", spare_name=name)
-            return NodeInfo(name=name, ready=False, gpus=pool.gpus_per_node)
-        if not pool.settings.asg_name:
-            raise PermanentError(
-                f"pool {pool.name}: spares come from its node group; set 'asg_name' to let "
-                "Regatta add one")
-        node = self.aws().provision(pool)
-        if node is None:
-            # The group is launching (this ask or an earlier one): its instance
-            # is listed, and joins as a spare, in a later pass. A row under a
-            # name of ours would only be found gone then.
-            raise TemporaryError(f"pool {pool.name}: Auto Scaling group "
-                                 f"{pool.settings.asg_name} is launching an instance")
-        return node
+        return self.node_source(pool).provision(pool, name)
 
     def health_signals(self, pool: PoolInfo) -> list[HealthSignal]:
         settings = self.settings
@@ -326,37 +274,15 @@ class KubernetesProvider:
                        name, self.ns, mf.eviction(name, self.ns, grace), ok=(404,))
 
     def replace(self, pool: PoolInfo, node: str) -> NodeInfo | None:
-        """By the pool's `replace_mode` (docs/kubernetes.md, "replace").
-
-        With an Auto Scaling group: terminate the instance through the group
-        without lowering its desired capacity, so the group launches a new one
-        (listed by a later pass; nothing waits for it here), then delete the
-        Node so its pods go at once. The instance is found by the Node's providerID, or by the
-        node's name among the group's instances when the Node object is gone
-        already. With Karpenter: delete the Node; Karpenter's finalizer
-        terminates the instance and it launches capacity anew."""
-        mode = replace_mode(pool.name, pool.settings)
-        new = None
-        if mode == "asg":
-            found = self._json(f"read node {node}", self.core.read_node, node, ok=(404,))
-            provider_id = ((found or {}).get("spec") or {}).get("providerID", "")
-            aws = self.aws()
-            provider_id = provider_id or aws.provider_id_for(pool, node)
-            # No live instance behind it: it left the group already (a repeat call).
-            if provider_id:
-                new = aws.replace(pool, provider_id)
-        self._call(f"delete node {node}", self.core.delete_node, node, ok=(404,))
-        if mode == "node-delete":
-            # Karpenter launches only for a pending pod: ask for the successor,
-            # which joins the pool by its labels (list_nodes) in a later pass.
-            self._ask_capacity(pool, f"replaces/{node}", avoid=(node,))
-        return new
+        """By the pool's node source (node_sources.py; docs/kubernetes.md,
+        "replace"): never waits for the new machine."""
+        return self.node_source(pool).replace(pool, node)
 
     def hold_spares(self, pool: PoolInfo, nodes: list[str]) -> None:
         """A standby pod on each of `nodes`, the pool's ready spares, and on
         no other node (capacity.py): the spare's GPUs held for Regatta and
         the trainer image kept on it."""
-        if not self.settings.standbys or pool.settings.node_autoscaler == "karpenter":
+        if not self.settings.standbys or not self.node_source(pool).keeps_standbys:
             return
         held = {}
         for pod in self._standby_pods(pool):
@@ -381,47 +307,28 @@ class KubernetesProvider:
                    grace_period_seconds=0, ok=(404,))
 
     def scaling_status(self, pool: PoolInfo, since) -> ScalingStatus:
-        """The Auto Scaling group's account of the asks (aws.py); Karpenter's
-        capacity pods wait in their own pending state instead."""
-        if not pool.settings.asg_name:
-            return ScalingStatus()
-        return self.aws().scaling_status(pool, since)
+        """The Auto Scaling group's account of the asks (aws_node_groups.py);
+        Karpenter's capacity pods wait in their own pending state instead."""
+        return self.node_source(pool).scaling_status(pool, since)
 
     def release(self, pool: PoolInfo, node: str, provider_id: str) -> str | None:
-        if not pool.settings.asg_name or not provider_id.startswith("aws://"):
-            return ""
-        return self.aws().release(pool, provider_id)
+        return self.node_source(pool).release(pool, node, provider_id)
 
     # --- attempts -----------------------------------------------------------------
     def launch(self, request: LaunchRequest) -> dict:
-        """The PyTorchJob first, then its token Secret owned by it (so the
-        Secret goes when the job goes). Pods that start in between wait for
-        the Secret; the control plane's Role has no `patch` on secrets, so the
-        owner is set at creation."""
-        if self.settings.job_api == "trainjob":
-            return self._trainjobs.launch(request)
-        secret = mf.token_secret(request, self.settings)
-        body = mf.to_dict(mf.pytorch_job(request, self.settings, self._allocatable(request)))
-        self._release_capacity(request.pool, {p.node for p in request.placements})
-        job = self._create_job(body, str(request.attempt_id))
-        secret.metadata.owner_references = [mf.owner_reference(job)]
-        self._ensure_secret(mf.to_dict(secret), str(request.attempt_id))
-        return {
-            "provider": self.kind, "namespace": self.ns, "name": request.name,
-            "uid": job["metadata"].get("uid", ""), "secret": secret.metadata.name,
-            "placements": [{"node": p.node, "node_rank": p.node_rank}
-                           for p in sorted(request.placements, key=lambda p: p.node_rank)],
-        }
+        return self.jobs.launch(request)
+
+    def job_api_of(self, ref: dict):
+        """The job-API part an attempt was made with, by its reference."""
+        return self.job_apis[TRAINJOB.name if ref.get("kind") == TRAINJOB.name
+                             else PYTORCHJOB.name]
 
     def _release_capacity(self, pool: PoolInfo, placed: set[str]) -> None:
         """Free the GPUs that capacity and standby pods hold on the placed
         nodes, before the training (or preflight) pods ask for them
         (capacity.py). A standby is found by the node it stands for, bound
         yet or not."""
-        if pool.settings.node_autoscaler == "karpenter":
-            for pod in self._capacity_pods(pool):
-                if (pod.get("spec") or {}).get("nodeName") in placed:
-                    self._delete_pod(pod["metadata"]["name"], "capacity pod")
+        self.node_source(pool).free(pool, placed)
         if self.settings.standbys:
             for pod in self._standby_pods(pool):
                 if (pod["metadata"].get("labels") or {}).get(
@@ -458,33 +365,7 @@ class KubernetesProvider:
         raise TemporaryError(f"secret {self.ns}/{name} keeps coming back; retry", delay=2.0)
 
     def observe(self, ref: dict) -> AttemptStatus:
-        if ref.get("kind") == TRAINJOB_KIND:
-            return self._trainjobs.observe(ref)
-        name = ref["name"]
-        job = self._get_kind(PYTORCHJOB, name)
-        pods, lost, refused = [], {}, []
-        if job is not None:
-            selector = f"{mf.OPERATOR_JOB_LABEL}={name}"
-            pods = self.reads.pods(selector, f"list pods of {name}")
-            uid = job["metadata"].get("uid")
-            ours = [p for p in self.reads.pod_tombstones(selector)
-                    if any(o.get("uid") == uid for o in p["metadata"].get("ownerReferences") or [])]
-            lost, refused = self._lost_and_refused(job, pods, ours, node_rank,
-                                                   len(ref.get("placements", [])))
-        workload = podgroup = None
-        if job is not None and (not started(job) or suspended(job)):
-            # Only a gang not yet started can be held back by its scheduler,
-            # and only a suspended one taken back by Kueue; reading its queue
-            # object then costs one call per observe.
-            if self.settings.gang_scheduler == "kueue":
-                workload = self._workload(job)
-            elif self.settings.gang_scheduler == "volcano":
-                podgroup = self.reads.podgroup(name)
-        status = attempt_status(job, pods, ref.get("placements", []), workload=workload,
-                                podgroup=podgroup,
-                                own_secret=ref.get("secret") or mf.secret_name(name),
-                                lost=lost, refused=refused)
-        return self._with_log_tails(status, pods)
+        return self.job_api_of(ref).observe(ref)
 
     def _lost_and_refused(self, job: dict, pods: list[dict], tombstones: list[dict],
                           rank_of, ranks: int) -> tuple[dict, list]:
@@ -500,12 +381,6 @@ class KubernetesProvider:
             refused = event_issues(self.reads.events(), job["metadata"]["name"],
                                    since=job["metadata"].get("creationTimestamp") or "")
         return lost, refused
-
-    def _workload(self, job: dict) -> dict | None:
-        """Kueue's Workload of a job, found by the job-uid label Kueue puts
-        on it (its name carries a hash of Kueue's choosing)."""
-        items = self.reads.workloads(job["metadata"].get("uid", ""), job["metadata"]["name"])
-        return items[0] if items else None
 
     def _with_log_tails(self, status: AttemptStatus, pods: list[dict],
                         container: str = mf.CONTAINER) -> AttemptStatus:
@@ -549,21 +424,7 @@ class KubernetesProvider:
         return text, ""
 
     def stop(self, ref: dict, grace_s: float = 30.0) -> None:
-        if ref.get("kind") == TRAINJOB_KIND:
-            return self._trainjobs.stop(ref, grace_s)
-        name = ref["name"]
-        self.keep_unread(f"{mf.OPERATOR_JOB_LABEL}={name}", mf.CONTAINER)
-        options = k8s.V1DeleteOptions(
-            propagation_policy=self.settings.delete_propagation,
-            grace_period_seconds=int(grace_s),
-        )
-        self._call(f"delete PyTorchJob {name}", self.custom.delete_namespaced_custom_object,
-                   mf.GROUP, mf.VERSION, self.ns, mf.PLURAL, name, body=options, ok=(404,))
-        # Owned by the job, so garbage collection takes it too; deleting it here
-        # frees the name at once for Background propagation.
-        secret = ref.get("secret") or mf.secret_name(name)
-        self._call(f"delete secret {secret}", self.core.delete_namespaced_secret, secret,
-                   self.ns, ok=(404,))
+        self.job_api_of(ref).stop(ref, grace_s)
 
     def keep_unread(self, selector: str, container: str) -> None:
         """Before the attempt's job object (and with it its pods) is deleted:
@@ -586,10 +447,4 @@ class KubernetesProvider:
         self._release_capacity(pool, {p.node for p in placements})
         return run_allreduce(self, pool, placements, timeout_s)
 
-    def _get_kind(self, kind: JobKind, name: str) -> dict | None:
-        return self.reads.job(kind, name)
-
-
-def _instance(provider_id: str) -> str:
-    return provider_id.rstrip("/").rsplit("/", 1)[-1] if provider_id else ""
 

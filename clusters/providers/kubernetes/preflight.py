@@ -111,11 +111,11 @@ def _start(provider, pool, placements, trainjob: bool, label: str) -> str:
     if trainjob:
         job = tj.preflight_train_job(pool, placements, provider.settings, nonce)
         job["metadata"]["labels"][LABEL_CHECKS] = label
-        provider._trainjobs.create(job)
+        provider.job_apis[TRAINJOB.name].create(job)
     else:
         job = mf.to_dict(mf.preflight_job(pool, placements, provider.settings, nonce=nonce))
         job["metadata"]["labels"][LABEL_CHECKS] = label
-        provider._create_job(job, None)
+        provider.job_apis[PYTORCHJOB.name].create(job, None)
     return job["metadata"]["name"]
 
 

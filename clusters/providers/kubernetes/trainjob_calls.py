@@ -1,6 +1,8 @@
-"""The provider's calls for attempts made as TrainJobs (trainjob.py builds
-and reads them). It goes through the provider's own plumbing (`_call`,
-`_json`), so timeouts and the error classes are the PyTorchJob path's."""
+"""The job-API part for attempts made as Kubeflow Trainer v2 TrainJobs
+(cluster setting `job_api: trainjob`; trainjob.py builds and reads them).
+Its interface is PyTorchJobCalls' (pytorchjob_calls.py). It goes through the
+provider's own plumbing (`_call`, `_json`, `reads`), so timeouts and the
+error classes are the PyTorchJob path's."""
 
 from __future__ import annotations
 
@@ -15,15 +17,20 @@ from .kinds import TRAINJOB
 
 
 class TrainJobCalls:
-    def __init__(self, provider):
+    kind = TRAINJOB
+
+    def __init__(self, provider, queue):
+        """`queue`: the cluster's queue part (queues.py); a TrainJob waits
+        in Kueue or in none."""
         self.p = provider
+        self.queue = queue
 
     @property
     def ns(self) -> str:
         return self.p.ns
 
     def get(self, name: str) -> dict | None:
-        return self.p._get_kind(TRAINJOB, name)
+        return self.p.reads.job(TRAINJOB, name)
 
     def create(self, body: dict, attempt_id: str = "") -> dict:
         name = body["metadata"]["name"]
@@ -72,9 +79,8 @@ class TrainJobCalls:
                     == uid]
             lost, refused = p._lost_and_refused(job, pods, ours, tj.rank_of,
                                                 len(ref.get("placements", [])))
-            if p.settings.gang_scheduler == "kueue" and (not tj.started(jobset)
-                                                         or tj.suspended(job)):
-                workload = p._workload(job)
+            if not tj.started(jobset) or tj.suspended(job):
+                workload = self.queue.holding(job).get("workload")
         status = tj.attempt_status(job, jobset, pods, ref.get("placements", []),
                                    workload=workload,
                                    own_secret=ref.get("secret") or mf.secret_name(name),
