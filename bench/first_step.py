@@ -211,8 +211,10 @@ def preflight_cost(state: Path) -> dict:
     import django
 
     django.setup()
+    from regatta.node import procs, standby
+
     from clusters.providers.base import Placement, PoolInfo
-    from clusters.providers.local import LocalProvider, procs, standby
+    from clusters.providers.local import LocalProvider
 
     pool = PoolInfo(cluster="bench", name="cpu", instance_type="local-cpu", gpus_per_node=1,
                     size=2, spare_count=0)

@@ -35,7 +35,7 @@ def no_fleet_process_outlives_the_run(tmp_path_factory):
     roots = (str(tmp_path_factory.getbasetemp().resolve()),
              str(settings.LOCAL_FLEET_DIR.resolve()))
     yield
-    from clusters.providers.local import procs
+    from regatta.node import procs
 
     left = [p for p in procs.scan() if p.env.get(procs.FLEET_TAG, "").startswith(roots)]
     procs.kill_hard(left)

@@ -21,16 +21,13 @@ os.environ["DJANGO_SETTINGS_MODULE"] = "controlplane.settings"
 os.environ["REGATTA_STATE_DIR"] = tempfile.mkdtemp()
 import django
 django.setup()
-# Run as scripts beside the ranks, not imported (they import their siblings).
-SCRIPTS = {"clusters.providers.local.launcher"}
 seen = 0
 for package in ("controlplane", "accounts", "clusters", "jobs", "checkpoints", "notifications",
                 "frontend", "cli"):
     root = importlib.import_module(package)
     for info in pkgutil.walk_packages(root.__path__, package + "."):
-        if info.name not in SCRIPTS:
-            importlib.import_module(info.name)
-            seen += 1
+        importlib.import_module(info.name)
+        seen += 1
 from regatta import manifest as mf
 from regatta.storage import open_storage
 from checkpoints.export import _copy, exported_files

@@ -9,9 +9,10 @@ import json
 from pathlib import Path
 
 import pytest
+from regatta.node import procs, standby
 
 from clusters.providers.base import LaunchRequest, Placement, PoolInfo
-from clusters.providers.local import LocalProvider, procs, standby
+from clusters.providers.local import LocalProvider
 from tests.support.waiting import eventually
 
 RANKS_SCRIPT = str(Path(__file__).with_name("local_provider_ranks.py"))

@@ -46,6 +46,8 @@ def test_the_wheel_ships_the_corpus_and_builds_without_package_warnings(wheel):
 
     assert "trainer/corpus/shakespeare.txt.gz" in names
     assert "trainer/corpus/SOURCE.md" in names
+    # What a node runs beside its ranks (the local and Slurm fleets start it).
+    assert {"regatta/node/launcher.py", "regatta/node/standby.py"} <= set(names)
     assert "absent from the `packages` configuration" not in build_log
 
 

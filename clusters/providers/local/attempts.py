@@ -17,14 +17,13 @@ import time
 from pathlib import Path
 
 from regatta import contract
+from regatta.node import launcher, procs, standby
+from regatta.node.files import file_lock, read_json, write_json
 
 from controlplane.lib.errors import PermanentError, TemporaryError
 
 from ..base import AttemptStatus, LaunchRequest, NodeProcess
 from ..program import torchrun_program
-from . import procs, standby
-from .base_paths import LAUNCHER
-from .book import file_lock, read_json, write_json
 from .environment import rank_environment
 
 LOG_TAIL_LINES = 40
@@ -66,7 +65,7 @@ def spawn_launcher(python: str, node_dir: Path, argv: list[str], env: dict) -> N
     node_dir.mkdir(parents=True, exist_ok=True)
     with open(node_dir / "launcher.err", "ab") as err:
         first = subprocess.Popen(
-            [python, str(LAUNCHER), "run", "--dir", str(node_dir), "--", *argv],
+            launcher.command(python, "run", "--dir", str(node_dir), "--", *argv),
             env=env, cwd=node_dir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=err, start_new_session=True,
         )

@@ -2,51 +2,18 @@
 one JSON file per cluster shared by the web, worker and beat processes.
 
 Every change happens under an exclusive `fcntl` lock and is written
-atomically (temporary file, fsync, rename), so a reader never sees half a
-book and two writers never lose each other's change.
+atomically (regatta/node/files.py), so a reader never sees half a book and
+two writers never lose each other's change.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
-
-@contextmanager
-def file_lock(path: Path):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-
-
-def read_json(path: Path, default=None):
-    try:
-        with open(path) as fh:
-            return json.load(fh)
-    except FileNotFoundError:
-        return default
-    except json.JSONDecodeError:
-        # Only our atomic writer touches these files, so a torn one means a
-        # crash mid-copy by something else; treat it as absent, not fatal.
-        return default
-
-
-def write_json(path: Path, data) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as fh:
-        json.dump(data, fh, indent=1, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+from regatta.node.files import file_lock, read_json, write_json
 
 
 class NodeBook:

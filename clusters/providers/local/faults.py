@@ -9,10 +9,11 @@ import time
 import uuid
 from pathlib import Path
 
+from regatta.node import procs
+
 from controlplane.lib.errors import PermanentError
 
 from ..base import FaultKind
-from . import procs
 
 XID_EVIDENCE = {"xid": 79, "message": "GPU has fallen off the bus"}
 SPOT_NOTICE_LEAD_S = 120

@@ -2,10 +2,10 @@
 the chosen nodes (one torchrun per node, one process each), plus DCGM
 diagnostics where `dcgmi` exists.
 
-Where a node holds a warm standby (standby.py), its check runs there: the
-standby has imported torch and forks torchrun's agent and the rank, so the
-check costs the collective and not two cold Python starts per node, which
-were nearly all of it (docs/performance.md, "The first step"). The standby
+Where a node holds a warm standby (regatta/node/standby.py), its check runs
+there: the standby has imported torch and forks torchrun's agent and the
+rank, so the check costs the collective and not two cold Python starts per
+node, which were nearly all of it (docs/performance.md, "The first step"). The standby
 leaves a successor behind at once, for the launch that follows."""
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import uuid
 from pathlib import Path
 
 from regatta import contract
+from regatta.node import procs, standby
+from regatta.node.files import read_json
 
 from ..base import NodeCheck, Placement, PreflightResult, preflight_evidence
-from . import procs, standby
 from .attempts import free_port, log_tail, torchrun_argv
-from .book import read_json
 from .environment import rank_environment
 
 TENSOR_BYTES = 8 << 20

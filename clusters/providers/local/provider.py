@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings as django_settings
+from regatta.node import launcher, procs, standby
 
 from controlplane.lib.errors import PermanentError
 from controlplane.lib.typed_settings import setting
@@ -26,8 +27,7 @@ from ..base import (
     PreflightResult,
     RankActivity,
 )
-from . import attempts, devices, faults, preflight, procs, standby, startup, worker_env
-from .base_paths import LAUNCHER
+from . import attempts, devices, faults, preflight, startup, worker_env
 from .book import NodeBook
 
 
@@ -127,8 +127,8 @@ class LocalProvider:
         procs.send(ranks, signal.SIGTERM)
         with open(self.root / "killer.err", "ab") as err:
             subprocess.Popen(
-                [self.python, str(LAUNCHER), "kill-after", "--seconds", str(grace_s),
-                 "--fleet", str(self.root), "--node", node],
+                launcher.command(self.python, "kill-after", "--seconds", str(grace_s),
+                                 "--fleet", str(self.root), "--node", node),
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                 start_new_session=True,
             ).wait(timeout=15)

@@ -7,12 +7,12 @@ attempt's folder (the provider's `describe_startup`):
 - `node-<i>/status/startup-<rank>.json`: the phase the rank's SDK entered
   last (regatta/startup.py: config, rendezvous, setup, resume, compiling,
   training, stepping), or `started` from a warm rank's bootstrap
-  (standby.py), each with its time;
+  (regatta/node/standby.py), each with its time;
 - `node-<i>/status/rank-<rank>.json`, `exit.json`: how a rank, or the
   node's torchrun, ended;
-- /proc: whether the rank's process exists (by its tags, procs.py), and the
-  CPU it used: a rank with no marker that burns CPU is importing, one that
-  burns none waits.
+- /proc: whether the rank's process exists (by its tags,
+  regatta/node/procs.py), and the CPU it used: a rank with no marker that
+  burns CPU is importing, one that burns none waits.
 
 A program without the SDK leaves no markers: its ranks read as importing
 for as long as they live, with their CPU time beside it.
@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 
 from regatta import contract
+from regatta.node import procs
+from regatta.node.files import read_json
 
 from ..base import RankActivity
-from . import procs
-from .book import read_json
 
 # The SDK's phase names (regatta/startup.py) in the protocol's words.
 _PHASES = {

@@ -18,14 +18,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from regatta import contract
+from regatta.node.files import file_lock, read_json, write_json
 
 from controlplane.lib.errors import CannotRun, PermanentError, TemporaryError
 
 from ..base import AttemptStatus, LaunchRequest, NodeProcess, StartIssue
-from ..local import procs
 from ..local.attempts import ended_log, rank_records
-from ..local.base_paths import LAUNCHER
-from ..local.book import file_lock, read_json, write_json
 from ..local.environment import rank_environment
 from . import batch
 from .commands import Slurm, SlurmCommandError
@@ -70,8 +68,6 @@ def _submit(slurm: Slurm, attempt_dir: Path, cluster: str, partition: str, featu
     if attempt_dir.exists():
         shutil.rmtree(attempt_dir)  # a launch that died before sbatch: start over
     attempt_dir.mkdir(parents=True)
-    shutil.copy(LAUNCHER, attempt_dir / "launcher.py")
-    shutil.copy(Path(procs.__file__), attempt_dir / "procs.py")
     (attempt_dir / "node.sh").write_text(batch.node_script(str(attempt_dir), python, request))
     script = attempt_dir / "batch.sh"
     script.write_text(batch.batch_script(str(attempt_dir), python, request))

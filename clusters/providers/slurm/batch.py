@@ -1,5 +1,5 @@
 """The batch script of an attempt: one `srun` step per node, each running
-the local provider's launcher around one torchrun.
+the node's launcher (the worker package's) around one torchrun.
 
 Slurm places the job, so which host is node 0 and which port is free there
 is known only inside the allocation: the node script fills torchrun's
@@ -7,10 +7,11 @@ is known only inside the allocation: the node script fills torchrun's
 rank is its placement's (a table by Slurm node name), not Slurm's node id,
 so the control plane's view of which node runs which ranks holds.
 
-The launcher (clusters/providers/local/launcher.py) and its `procs` module
-are copied into the attempt's folder: a Slurm node needs the worker's Python
-and torch, not the control plane's code. Its per-node `exit.json` and the
-ranks' status files are what `observe` reads back, as on the local fleet.
+The launcher is the worker package's (regatta/node/launcher.py, run as
+`python -m regatta.node.launcher` with the pool's Python): a Slurm node needs
+the worker's Python, torch and the `regatta` package, not the control
+plane's code. Its per-node `exit.json` and the ranks' status files are what
+`observe` reads back, as on the local fleet.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import shlex
 
 from regatta import contract
+from regatta.node import launcher
 
 from ..base import LaunchRequest
 from ..local.attempts import torchrun_argv
@@ -51,7 +53,6 @@ def node_script(attempt_dir: str, python: str, request: LaunchRequest) -> str:
     argv = torchrun_argv(python, len(placements), NODE_RANK, request.nproc_per_node,
                          MASTER_PORT, tuple(request.command), master_addr=MASTER_ADDR)
     cases = "\n".join(f"  {shlex.quote(p.node)}) NODE_RANK={p.node_rank} ;;" for p in placements)
-    launcher = f"{attempt_dir}/launcher.py"
     return f"""#!/bin/bash
 # One node's part of Regatta attempt {request.name}, run by srun on every node.
 case "$SLURMD_NODENAME" in
@@ -61,7 +62,7 @@ esac
 NODE_DIR={shlex.quote(attempt_dir)}/node-$NODE_RANK
 mkdir -p "$NODE_DIR/status"
 export {contract.NODE}="$SLURMD_NODENAME" {contract.STATUS_DIR}="$NODE_DIR/status"
-exec {shlex.quote(python)} {shlex.quote(launcher)} run --foreground \\
+exec {shlex.join(launcher.command(python, "run"))} --foreground \\
   --beat-every {BEAT_EVERY_S:g} --dir "$NODE_DIR" -- \\
   {' '.join(_word(a) for a in argv)}
 """

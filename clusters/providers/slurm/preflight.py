@@ -18,9 +18,9 @@ import uuid
 from pathlib import Path
 
 from regatta import contract
+from regatta.node.files import read_json
 
 from ..base import LaunchRequest, Placement, PoolInfo, PreflightResult, preflight_evidence
-from ..local.book import read_json
 from ..local.preflight import COLLECTIVE_TIMEOUT_S, ITERS, TENSOR_BYTES, node_reports
 from . import attempts
 from .commands import Slurm

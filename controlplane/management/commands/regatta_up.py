@@ -28,10 +28,11 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db import DatabaseError, close_old_connections
+from regatta.node import standby
 
 from clusters.models import Cluster
 from clusters.providers import get_provider
-from clusters.providers.local import standby, worker_env
+from clusters.providers.local import worker_env
 from controlplane.embedded import start_redis
 from controlplane.env import parse_host_port
 from jobs.models import JobAttempt, JobEvent
@@ -417,6 +418,6 @@ def stop_local_training(grace_s: float = 20.0) -> None:
         if attempt.provider_ref:
             attempt.note_stop_by_control_plane()
             get_provider(attempt.job.cluster).stop(attempt.provider_ref, grace_s=grace_s)
-    # Their warm standbys (clusters/providers/local/standby.py) are detached too.
+    # Their warm standbys (regatta/node/standby.py) are detached too.
     for cluster in Cluster.objects.filter(provider="local"):
         get_provider(cluster).stop_standbys()

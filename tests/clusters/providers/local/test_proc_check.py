@@ -1,6 +1,6 @@
 """The local fleet finds, stops and kills its ranks by the tags in
 /proc/<pid>/environ and tells a reused pid by /proc/<pid>/stat
-(clusters/providers/local/procs.py). On a system whose /proc lacks them
+(regatta/node/procs.py). On a system whose /proc lacks them
 (a sandbox's kernel, gVisor's say) a launch would start ranks that no stop,
 drain or kill could ever find: it is refused, saying why. The short /proc
 below is a folder standing in for such a system's (this machine's is whole)."""
@@ -9,8 +9,9 @@ import os
 import shutil
 
 import pytest
+from regatta.node import procs
 
-from clusters.providers.local import LocalProvider, procs
+from clusters.providers.local import LocalProvider
 from controlplane.lib.errors import PermanentError
 from tests.support.local_fleet import make_pool, request
 

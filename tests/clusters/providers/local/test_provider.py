@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
+from regatta.node import procs
 
-from clusters.providers.local import procs
 from tests.support.local_fleet import alive, fleet, make_pool, progress, request, wait_done
 from tests.support.waiting import eventually
 

@@ -6,11 +6,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from regatta.node import procs
 
 from clusters.models import Cluster
 from clusters.providers import get_provider
 from clusters.providers.base import Placement, Provider
-from clusters.providers.local import LocalProvider, procs
+from clusters.providers.local import LocalProvider
 from controlplane.lib.errors import PermanentError
 from tests.support.local_fleet import fleet, kill_everything, make_pool
 

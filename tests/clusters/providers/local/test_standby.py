@@ -1,4 +1,4 @@
-"""Warm standbys on the local fleet (clusters/providers/local/standby.py): a
+"""Warm standbys on the local fleet (regatta/node/standby.py): a
 launch handed to a node's standby runs the same gang as a cold launch, with
 the same environment, exit codes, signals, stop and faults; without a ready
 standby it goes cold. Real torchrun agents and gloo ranks throughout."""
@@ -10,10 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
+from regatta.node import procs, standby
 from regatta.storage import open_storage
 
 from clusters.providers.base import FaultKind
-from clusters.providers.local import LocalProvider, procs, standby
+from clusters.providers.local import LocalProvider
 from tests.support.local_fleet import (
     info,
     kill_everything,
@@ -84,6 +85,12 @@ def test_a_launch_handed_to_the_standbys_runs_the_gang_as_a_cold_launch_does(war
         warm_env = Path(ref["dir"]) / f"node-{node_rank}" / "status" / f"env-{node_rank}.json"
         cold_env = Path(cold_ref["dir"]) / f"node-{node_rank}" / "status" / f"env-{node_rank}.json"
         assert contract(warm_env) == contract(cold_env)
+        # Imports resolve as in a cold rank: nothing of the standby's own
+        # start (its folder, its package) is left on the path.
+        warm_path, cold_path = (json.loads((Path(r["dir"]) / f"node-{node_rank}" / "status"
+                                            / f"path-{node_rank}.json").read_text())
+                                for r in (ref, cold_ref))
+        assert warm_path == cold_path
 
 
 def test_a_warm_ranks_exit_code_and_a_killed_warm_ranks_signal_are_read_back(warm_fleet):

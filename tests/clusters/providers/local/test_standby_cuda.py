@@ -1,4 +1,4 @@
-"""A warm standby forks its node's ranks (standby.py), and a process that
+"""A warm standby forks its node's ranks (regatta/node/standby.py), and a process that
 initialised CUDA cannot hand it to the children it forks. So nothing in the
 standby, nor in torchrun's agent forked from it, may touch CUDA before the
 ranks are forked: a tripwire on CUDA's entry points (tests/support/
@@ -15,9 +15,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from regatta.node import standby
 
 from clusters.providers.base import PoolInfo
-from clusters.providers.local import LocalProvider, standby
+from clusters.providers.local import LocalProvider
 from clusters.providers.local.provider import LocalPoolSettings
 from tests.support.local_fleet import kill_everything, request, wait_done, wait_ready
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 from django.core.exceptions import ValidationError
+from regatta.node import standby
 
 from clusters.models import Cluster, NodePool
 from clusters.providers.base import PoolInfo
-from clusters.providers.local import LocalProvider, standby
+from clusters.providers.local import LocalProvider
 from clusters.providers.local.provider import LocalPoolSettings
 from tests.support.local_fleet import kill_everything, request, wait_done
 

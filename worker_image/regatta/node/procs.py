@@ -12,8 +12,8 @@ born with. So a process born with the fleet's tag may add tags later
 (`tag_self`): a file `<fleet>/tags/<pid>.json`, read with its start time so
 that a reused pid never inherits them.
 
-Standard library and the worker contract only: `launcher.py` imports this
-module as a plain script.
+Standard library and the worker contract only: the node's launcher and
+standby import it before anything else, and so does the control plane.
 """
 
 from __future__ import annotations

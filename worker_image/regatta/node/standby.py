@@ -1,7 +1,7 @@
 """A node's warm standby on the local fleet: Python started, torch, torchrun's
 agent, the SDK and the trainer imported, waiting for the node's next launch.
 
-    python standby.py --dir <fleet>/standby/<node> [--delay S]
+    python -m regatta.node.standby --dir <fleet>/standby/<node> [--delay S]
 
 Nearly all of a relaunch is start-up: on a cold launch each node starts
 torchrun (Python, then `import torch`) and torchrun starts each rank (Python
@@ -13,12 +13,12 @@ so that the survivors of a failure restart warm too.
 A launch hands the node's standby its torchrun command line, environment and
 node folder over a Unix socket (`hand_over`); the standby answers "ok",
 forks its successor (the node's next standby, ready at once with the same
-socket and imports), and becomes that node's launcher (launcher.py's
-`supervise`): it forks torchrun's agent from itself, and the agent forks
-each rank (`--start-method=fork`), so every process starts with the imports
-done. The ranks run the same entry
-point a cold launch runs (`-m module` through runpy, or a script path), under
-the same torchrun agent, with the same environment and exit codes. Anything
+socket and imports), and becomes that node's launcher
+(`launcher.supervise`): it forks torchrun's agent from itself, and the agent
+forks each rank (`--start-method=fork`), so every process starts with the
+imports done. The ranks run the same entry point a cold launch runs (`-m
+module` through runpy, or a script path), under the same torchrun agent,
+with the same environment and exit codes. Anything
 the standby cannot take as it is (another interpreter, a loader path of its
 own, no Python at all) it refuses, and the launch goes cold.
 
@@ -27,8 +27,9 @@ second standby for the same node fails to bind and leaves. The standby ends
 by itself once its folder is gone or names another standby, or its fleet's
 lease has not been renewed for LEASE_S.
 
-Standard library only at module level: the provider imports this file for
-`ensure` and `hand_over`; torch is imported by the standby process alone.
+Standard library only at module level: the local provider imports this
+module for `ensure` and `hand_over`; torch is imported by the standby
+process alone.
 """
 
 from __future__ import annotations
@@ -48,14 +49,10 @@ import sys
 import time
 from pathlib import Path
 
-try:
-    from . import book, procs
-except ImportError:  # run as a script, beside book.py and procs.py
-    import book
-    import procs
+from regatta.node import procs
+from regatta.node.files import read_json, write_json
 
-HERE = Path(__file__).resolve().parent
-STANDBY = HERE / "standby.py"
+MODULE = "regatta.node.standby"
 INFO = "standby.json"
 # The control plane renews the fleet's lease on every cluster pass and every
 # launch (`renew_lease`); a standby whose lease has not been renewed this long
@@ -129,7 +126,7 @@ def _cuda_in_me() -> str:
 
 
 def _info(folder: Path) -> dict:
-    return book.read_json(folder / INFO, {})
+    return read_json(folder / INFO, {})
 
 
 def _alive(info: dict) -> bool:
@@ -162,7 +159,7 @@ def ensure(fleet: Path, node: str, python: str, env: dict, delay_s: float = 0.0)
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / "standby.err", "ab") as err:
         first = subprocess.Popen(
-            [python, str(STANDBY), "--dir", str(folder), "--delay", str(delay_s)],
+            [python, "-m", MODULE, "--dir", str(folder), "--delay", str(delay_s)],
             env={**env, procs.FLEET_TAG: str(fleet), procs.NODE_TAG: node}, cwd=folder,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
             start_new_session=True,
@@ -335,10 +332,9 @@ def _become_rank(first_on_path: str) -> None:
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(line_buffering=True, write_through=True)
     # sys.path as a cold rank's interpreter builds it: the program's own
-    # folder first, then PYTHONPATH, and not this file's folder (the
-    # standby ran as a script from it).
-    here = str(HERE)
-    sys.path[:] = [p for p in sys.path if p != here]
+    # folder first, then PYTHONPATH, and not what the standby's own start
+    # put first (`-m`: the standby's folder, its working directory then).
+    sys.path[:] = [p for p in sys.path if p != _STARTED_IN]
     for entry in reversed([first_on_path, *(
             p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]):
         if entry not in sys.path:
@@ -423,7 +419,7 @@ def _agent(torchrun_args: list[str]) -> int:
 
 
 def _launch(task: dict, about: dict) -> int:
-    import launcher
+    from regatta.node import launcher
 
     node_dir = Path(task["node_dir"])
     os.environ.clear()
@@ -473,13 +469,13 @@ def serve(folder: Path, delay_s: float) -> int:
         if exc.errno != errno.EADDRINUSE:
             # Not another standby: this machine cannot have one. Said where
             # `ensure` looks, so it stops starting standbys that cannot bind.
-            book.write_json(folder / INFO, {**_about(), "state": "unavailable",
+            write_json(folder / INFO, {**_about(), "state": "unavailable",
                                             "error": f"binding its socket: {exc}"})
             return 1
         return 0  # another standby holds this node
     me = os.getpid()
     born = time.time()
-    book.write_json(folder / INFO, {**_about(), "state": "starting"})
+    write_json(folder / INFO, {**_about(), "state": "starting"})
     time.sleep(delay_s)
     if _info(folder).get("pid") != me:
         return 0
@@ -489,7 +485,7 @@ def serve(folder: Path, delay_s: float) -> int:
     sock.listen(4)
     while True:
         ready_at = time.time()
-        book.write_json(folder / INFO, {**_about(), "state": "ready", "ready_at": ready_at,
+        write_json(folder / INFO, {**_about(), "state": "ready", "ready_at": ready_at,
                                         "preloaded": preloaded, "cuda_loaded": _CUDA_LOADED})
         task = _wait_for_launch(sock, folder)
         if task is None:
@@ -515,7 +511,14 @@ def _about() -> dict:
     return {"pid": me, "starttime": procs.starttime(me), "python": sys.executable}
 
 
+# The entry the interpreter put first on sys.path as the standby started
+# (`main`), which a cold rank's interpreter would not have.
+_STARTED_IN: str | None = None
+
+
 def main(argv: list[str]) -> int:
+    global _STARTED_IN
+    _STARTED_IN = sys.path[0] if sys.path else None
     parser = argparse.ArgumentParser(prog="standby")
     parser.add_argument("--dir", required=True, type=Path)
     parser.add_argument("--delay", type=float, default=0.0)

@@ -1,8 +1,9 @@
-"""The per-node wrapper around torchrun, run detached by the local provider.
+"""The per-node wrapper around torchrun: the local fleet runs it detached,
+a Slurm job step in the foreground, each on the node with the worker's Python.
 
-    python launcher.py run [--foreground] [--beat-every S] --dir <attempt>/node-<i> \\
-        -- <torchrun argv...>
-    python launcher.py kill-after --seconds S --fleet F --node N
+    python -m regatta.node.launcher run [--foreground] [--beat-every S] \\
+        --dir <attempt>/node-<i> -- <torchrun argv...>
+    python -m regatta.node.launcher kill-after --seconds S --fleet F --node N
 
 `run` forks away from its parent (so the worker that launched it can exit or
 restart), records its own pid and torchrun's in `launcher.json`, waits for
@@ -19,13 +20,13 @@ torchrun's failure report ("Root Cause ... exitcode : 83"). A node with a
 `kill-after` is the deadline of a drain: it SIGKILLs the node's ranks that are
 still alive after the grace period, without holding up the caller.
 
-Standard library only: this runs before anything else is imported.
+Standard library only (and this package's stdlib-only modules): this runs
+before anything else is imported.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import signal
@@ -34,19 +35,17 @@ import sys
 import time
 from pathlib import Path
 
-import procs  # a sibling file: this module runs as a script, not from the package
+from regatta.node import procs
+from regatta.node.files import write_json
 
+MODULE = "regatta.node.launcher"
 _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):.*?exitcode\s*:\s*(-?\d+)",
                          re.DOTALL)
 
 
-def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as fh:
-        json.dump(data, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+def command(python: str, *args: str) -> list[str]:
+    """The argv that runs this launcher with `python` (the node's)."""
+    return [python, "-m", MODULE, *args]
 
 
 def rank_exitcode(log: Path) -> int | None:
