@@ -68,7 +68,8 @@ def update_by_ids(model, ids: Iterable[int], **values) -> int:
     ids as the database takes in one statement (SQLite: 999 parameters), so
     a change across a whole fleet is a statement or a few, not one a row."""
     ids = list(ids)
-    size = (connection.features.max_query_params or len(ids) or 1) - len(values)
+    limit = connection.features.max_query_params  # None: no limit (PostgreSQL)
+    size = max(1, limit - len(values)) if limit else max(1, len(ids))
     changed = 0
     for start in range(0, len(ids), size):
         changed += model.objects.filter(pk__in=ids[start:start + size]).update(**values)

@@ -1,11 +1,13 @@
-"""Plain-row inserts (controlplane/lib/bulk.py): COPY on PostgreSQL, the
-ORM's bulk_create elsewhere; the rows read back the same either way."""
+"""Plain-row inserts and updates (controlplane/lib/bulk.py): COPY on
+PostgreSQL, the ORM's bulk_create elsewhere; the rows read back the same
+either way. Updates by ids in as few statements as the database's parameter
+limit allows (SQLite's 999; PostgreSQL has none)."""
 
 from django.db import transaction
 from django.utils import timezone
 
 from clusters.models import Node, NodeEvent
-from controlplane.lib.bulk import insert_rows
+from controlplane.lib.bulk import insert_rows, update_by_ids
 
 
 def test_rows_are_stored_with_their_json_defaults_and_foreign_keys(pool):
@@ -41,3 +43,16 @@ def test_two_inserts_in_one_transaction_do_not_collide(pool):
             insert_rows(Node, [{"cluster_id": pool.cluster_id, "pool_id": pool.id,
                                 "name": f"{batch}-{i}"} for i in range(2)])
     assert Node.objects.filter(name__regex=r"^[ab]-[01]$").count() == 4
+
+
+def test_an_update_of_no_ids_writes_nothing(pool, django_assert_num_queries):
+    with django_assert_num_queries(0):
+        assert update_by_ids(Node, [], gpus=3) == 0
+
+
+def test_an_update_by_ids_past_the_parameter_limit_sets_every_row(pool):
+    insert_rows(Node, [{"cluster_id": pool.cluster_id, "pool_id": pool.id, "name": f"u-{i}",
+                        "gpus": 1} for i in range(1200)])
+    ids = list(Node.objects.filter(name__startswith="u-").values_list("id", flat=True))
+    assert update_by_ids(Node, ids, gpus=4) == 1200
+    assert set(Node.objects.filter(name__startswith="u-").values_list("gpus", flat=True)) == {4}
