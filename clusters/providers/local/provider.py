@@ -40,7 +40,7 @@ class LocalSettings:
     python: str = setting("", "interpreter that runs torchrun (default: this one)")
     standbys: bool = setting(True, "keep a warm standby (Python started, torch and the "
                              "trainer imported) on every spare and gang node, so a "
-                             "relaunch starts without a cold start (standby.py)")
+                             "relaunch starts without a cold start (regatta.node.standby)")
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ class LocalProvider:
 
     def _standbys(self, pool: PoolInfo) -> bool:
         """Whether the pool's nodes keep warm standbys: its own setting, else
-        the cluster's; never where standbys cannot be reached (standby.py)."""
+        the cluster's; never where standbys cannot be reached (regatta/node/standby.py)."""
         own = pool.settings
         chosen = own.standbys if isinstance(own, LocalPoolSettings) else None
         return (self.standbys if chosen is None else chosen) and not standby.unavailable()
