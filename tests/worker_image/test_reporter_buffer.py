@@ -90,6 +90,27 @@ def test_points_are_sent_once_in_order_and_a_retried_batch_never_changes(control
     assert ticks == list(range(produced["events"]))
 
 
+def test_points_past_twice_the_bound_go_to_disk_from_the_training_thread_when_the_sender_is_held(
+        control_plane):
+    # Not started: the reporting thread is as held up as one stuck in a post
+    # to a control plane going away. The training thread spills itself.
+    reporter = reporter_for(control_plane, max_metrics=50)
+    for step in range(400):
+        reporter.metric("loss", step, 1.0)
+    assert not reporter.dropped
+    assert len(reporter.metrics.memory) <= 100 and reporter.metrics.spooled > 0
+
+    reporter.start()
+    try:
+        eventually(lambda: reporter.pending() == 0, timeout=20, what="everything sent")
+    finally:
+        reporter.close()
+    steps = [p["step"] for r in control_plane.of_kind("metrics", accepted_only=True)
+             for p in r["body"]["points"]]
+    assert steps == list(range(400))
+    assert not drop_reports(control_plane)
+
+
 def test_a_queue_the_thread_cannot_spill_in_time_drops_events_first_and_says_how_many(
         control_plane):
     # Not started: nothing moves the overflow to disk, so past twice its

@@ -156,10 +156,19 @@ class Reporter(NullReporter):
             value = float(value)
         point = contract.METRIC_POINT.build(rank=self.rank, name=name, step=step, value=value,
                                             time=time.time())
+        if len(self.metrics.memory) >= 2 * self.max_metrics and self._spool_lock.acquire(
+                blocking=False):
+            # The reporting thread is held up (a post to a slow or vanishing
+            # control plane): this thread moves the overflow to disk itself,
+            # a rare write of old points rather than a loss.
+            try:
+                self._spill_held()
+            finally:
+                self._spool_lock.release()
         with self._lock:
             if len(self.metrics.memory) >= 2 * self.max_metrics:
-                # The reporting thread could not move the overflow to disk in
-                # time: the oldest goes, the newest say most about the run now.
+                # The reporting thread is spilling already and could not keep
+                # up: the oldest goes, the newest say most about the run now.
                 self.metrics.memory.popleft()
                 self._count_drop(METRICS)
             self.metrics.memory.append((METRICS, point))
@@ -260,23 +269,27 @@ class Reporter(NullReporter):
     def _spill(self) -> None:
         """Move the oldest of a queue past its bound in memory to disk."""
         with self._spool_lock:
-            if self._handed_off:
-                return
-            for queue in (self.urgent, self.metrics):
+            self._spill_held()
+
+    def _spill_held(self) -> None:
+        """`_spill` with the spool's lock held by the caller."""
+        if self._handed_off:
+            return
+        for queue in (self.urgent, self.metrics):
+            with self._lock:
+                if not queue.over():
+                    continue
+                items = [queue.memory.popleft()
+                         for _ in range(len(queue.memory) - queue.bound // 2)]
+            # A deferred value is old by now: its copy to the host has landed.
+            for _, body in items if queue is self.metrics else ():
+                if not isinstance(body["value"], float):
+                    body["value"] = float(body["value"].get())
+            dropped = queue.spill(items)
+            if dropped:
                 with self._lock:
-                    if not queue.over():
-                        continue
-                    items = [queue.memory.popleft()
-                             for _ in range(len(queue.memory) - queue.bound // 2)]
-                # A deferred value is old by now: its copy to the host has landed.
-                for _, body in items if queue is self.metrics else ():
-                    if not isinstance(body["value"], float):
-                        body["value"] = float(body["value"].get())
-                dropped = queue.spill(items)
-                if dropped:
-                    with self._lock:
-                        for what, n in dropped.items():
-                            self._count_drop(what, n)
+                    for what, n in dropped.items():
+                        self._count_drop(what, n)
 
     def _post(self, endpoint: str, body: dict) -> dict:
         status, data = self.http.post(f"{self.base}/{endpoint}", body)
