@@ -14,6 +14,8 @@ of the provider's.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from controlplane.lib.errors import PermanentError, TemporaryError
 
 from ..base import NodeInfo, PoolInfo, ScalingStatus
@@ -22,10 +24,11 @@ from . import manifests as mf
 from .config import replace_mode
 
 
-class NodeSource:
+class NodeSource(ABC):
     """What every node source answers alike unless it says otherwise: no
     machine on its way, capacity there when asked, nothing held after a
-    node retired, nothing of its own on a placed node's GPUs."""
+    node retired, nothing of its own on a placed node's GPUs. Each source
+    says how it provisions and replaces."""
 
     keeps_standbys = True
 
@@ -35,11 +38,11 @@ class NodeSource:
     def coming(self, pool: PoolInfo, nodes: list[NodeInfo]) -> list[NodeInfo]:
         return []
 
-    def provision(self, pool: PoolInfo, name: str) -> NodeInfo:
-        raise NotImplementedError
+    @abstractmethod
+    def provision(self, pool: PoolInfo, name: str) -> NodeInfo: ...
 
-    def replace(self, pool: PoolInfo, node: str) -> NodeInfo | None:
-        raise NotImplementedError
+    @abstractmethod
+    def replace(self, pool: PoolInfo, node: str) -> NodeInfo | None: ...
 
     def scaling_status(self, pool: PoolInfo, since) -> ScalingStatus:
         return ScalingStatus()
@@ -49,6 +52,7 @@ class NodeSource:
 
     def free(self, pool: PoolInfo, placed: set[str]) -> None:
         """Let go of what holds the GPUs of the nodes an attempt is placed on."""
+        return None  # only a source that holds GPUs ahead of a launch (Karpenter) has any
 
 
 class FixedPool(NodeSource):
