@@ -79,10 +79,12 @@ run: demo
 # The suite keeps its own state folder (SQLite test database, embedded
 # redis-server and its socket), so it never shares one with a running
 # `make run`. Set REGATTA_STATE_DIR to put it elsewhere (.ci/run does).
-# The whole suite runs on TEST_WORKERS pytest-xdist workers (default 2), a
-# test file to a worker and the real clusters' tests each on one (tests/
-# support/xdist_workers.py); TEST_WORKERS=1 runs it in this process.
-TEST_WORKERS ?= 2
+# The whole suite runs on TEST_WORKERS pytest-xdist workers (default 3), a
+# test file to a worker and the real clusters' tests together on one (tests/
+# support/xdist_workers.py); TEST_WORKERS=1 runs it in this process. Three
+# on two cores: the real clusters' tests mostly wait on the clusters' clocks,
+# so the other two keep both cores busy beside them.
+TEST_WORKERS ?= 3
 test: export REGATTA_STATE_DIR ?= $(CURDIR)/.regatta/test
 test: install kube-build-if-go
 	$(PY) -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) \

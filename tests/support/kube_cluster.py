@@ -165,6 +165,21 @@ class KubeWorld:
                 "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets")["items"],
             k8s.BatchV1Api(self.admin).list_namespaced_job(namespace).items))
 
+    def _force_delete_orphans(self, namespace: str) -> None:
+        """Pods bound to a node the test deleted: no kubelet (nor kwok) will
+        finish their graceful delete, and the controller-manager's pod GC
+        takes them only after its 40 s quarantine of orphans. With their node
+        gone nothing races a forced delete."""
+        nodes = {n.metadata.name for n in self.core.list_node().items}
+        for pod in self.core.list_namespaced_pod(namespace).items:
+            if pod.spec.node_name and pod.spec.node_name not in nodes:
+                try:
+                    self.core.delete_namespaced_pod(pod.metadata.name, namespace,
+                                                    grace_period_seconds=0)
+                except k8s.ApiException as exc:
+                    if exc.status != 404:
+                        raise
+
     def clean_namespace(self, namespace: str = TRAINING_NS, timeout: float = 60) -> None:
         """Deletes every PyTorchJob, pod and Secret a test left, and waits
         until they are gone (kwok's pod-delete stage finishes the pods, the
@@ -183,6 +198,7 @@ class KubeWorld:
         # stage, whose failed delete kwok retries a minute later under the
         # pod's name, which the next test's pod may by then carry.
         self.core.delete_collection_namespaced_pod(namespace)
+        self._force_delete_orphans(namespace)
         self.core.delete_collection_namespaced_secret(namespace)
         k8s.PolicyV1Api(self.admin).delete_collection_namespaced_pod_disruption_budget(namespace)
         eventually(lambda: not self.core.list_namespaced_pod(namespace).items and not
