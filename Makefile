@@ -121,11 +121,12 @@ kube-build: install
 
 # Where Go is installed and the binaries are missing, `make test` starts
 # their build in the background (log beside them in the cache): the suite
-# runs meanwhile, and its real-cluster tests, which run last, wait for the
-# build. Without Go they skip (CI=true makes them fail instead).
+# runs meanwhile, and its real-cluster tests wait for the build (at the
+# suite's own priority, so that it ends while the rest of the suite still
+# runs beside those tests). Without Go they skip (CI=true makes them fail).
 kube-build-if-go: install
 	@if command -v go >/dev/null || [ -x /usr/local/go/bin/go ]; then \
-		$(PY) -m testcluster build --background; \
+		$(PY) -m testcluster build --background --nice 0; \
 	else echo "kube: no Go here; the real-cluster tests will skip"; fi
 
 kube-up: install
