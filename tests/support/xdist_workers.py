@@ -22,11 +22,8 @@ any conftest is imported. Without xdist it does nothing.
   deletion), run beside the files that keep the cores busy (torchrun ranks)
   rather than beside each other. Within that unit Slurm's tests come first,
   so that a Kubernetes build still running in the background (`make test`
-  starts it) has the longest to finish before its tests wait for it.
-- Then the files with slow tests (`-m slow`: ranks, browsers, whole
-  products, each up to minutes), then the rest, each largest first: the
-  thousands of quick tests fill the cores at the end instead of one
-  whole-product test running alone there.
+  starts it) has the longest to finish before its tests wait for it. The
+  other files are handed out largest first.
 """
 
 import json
@@ -54,8 +51,7 @@ if _worker:
 # The real clusters' tests, by the fixture that starts each cluster.
 _CLUSTERS = (("kube", "real-kubernetes"), ("slurm", "real-slurm"))
 # Where gw0 writes, for the controller's scheduler, which test files need a
-# real cluster and which have slow tests: only a worker collects, and only
-# the controller schedules.
+# real cluster: only a worker collects, and only the controller schedules.
 _GROUPS_ENV = "REGATTA_XDIST_GROUPS"
 # The one work unit that holds every real cluster's tests.
 _REAL_CLUSTERS = "real-clusters"
@@ -77,26 +73,22 @@ def pytest_collection_modifyitems(config, items):
     target = os.environ.get(_GROUPS_ENV)
     if _worker != "gw0" or not target:
         return
-    clusters, slow = {}, set()
+    groups = {}
     for item in items:
-        path = item.nodeid.split("::", 1)[0]
         group = _cluster(item)
         if group:
-            clusters[path] = group
-        if item.get_closest_marker("slow"):
-            slow.add(path)
+            groups[item.nodeid.split("::", 1)[0]] = group
     tmp = Path(f"{target}.tmp")
-    tmp.write_text(json.dumps({"clusters": clusters, "slow": sorted(slow)}))
+    tmp.write_text(json.dumps(groups))
     tmp.replace(target)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadfile`, except that the real clusters' test files go to one
-    worker together, first, and files with slow tests before the others (see
-    the module's docstring). (pytest-xdist's `loadgroup` would say this with
-    marks, but it renames test ids through an attribute pytest 9 no longer
-    reads.)"""
+    worker together, first (see the module's docstring). (pytest-xdist's
+    `loadgroup` would say this with marks, but it renames test ids through an
+    attribute pytest 9 no longer reads.)"""
     target = os.environ.get(_GROUPS_ENV)
     if not target:
         return None
@@ -105,32 +97,22 @@ def pytest_xdist_make_scheduler(config, log):
     order = [group for _, group in _CLUSTERS][::-1]  # Slurm's files before Kubernetes'
 
     class ByFileAndCluster(LoadFileScheduling):
-        collected: dict | None = None
-        ordered = False
-
-        def _read(self) -> dict:
-            if self.collected is None:  # written before gw0 reported its collection
-                self.collected = json.loads(Path(target).read_text())
-            return self.collected
+        groups: dict[str, str] | None = None
 
         def _cluster_of(self, nodeid: str) -> str | None:
-            return self._read()["clusters"].get(super()._split_scope(nodeid))
+            if self.groups is None:  # written before gw0 reported its collection
+                self.groups = json.loads(Path(target).read_text())
+            return self.groups.get(super()._split_scope(nodeid))
 
         def _split_scope(self, nodeid: str) -> str:
             return _REAL_CLUSTERS if self._cluster_of(nodeid) else super()._split_scope(nodeid)
 
         def _assign_work_unit(self, node) -> None:
-            if not self.ordered:  # the queue is whole (largest first) at the first call
-                self.ordered = True
-                slow = set(self._read()["slow"])
-                queue = list(self.workqueue.items())
-                queue.sort(key=lambda entry: (entry[0] != _REAL_CLUSTERS, entry[0] not in slow))
-                self.workqueue.clear()
-                for scope, unit in queue:
-                    if scope == _REAL_CLUSTERS:
-                        unit = {nodeid: unit[nodeid] for nodeid in sorted(
-                            unit, key=lambda nodeid: order.index(self._cluster_of(nodeid)))}
-                    self.workqueue[scope] = unit
+            unit = self.workqueue.get(_REAL_CLUSTERS)
+            if unit is not None:
+                self.workqueue.move_to_end(_REAL_CLUSTERS, last=False)
+                ordered = sorted(unit, key=lambda nodeid: order.index(self._cluster_of(nodeid)))
+                self.workqueue[_REAL_CLUSTERS] = {nodeid: unit[nodeid] for nodeid in ordered}
             super()._assign_work_unit(node)
 
     return ByFileAndCluster(config, log)

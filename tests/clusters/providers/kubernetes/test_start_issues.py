@@ -197,17 +197,26 @@ def test_an_unschedulable_pod_waits_with_the_schedulers_message(kube_world, rega
     info = make_pool(name=pool.name, node_selector=pool.selector)
     ref = regatta.launch(make_request(nodes=(pool.node_name(0), pool.node_name(1)), pool=info))
 
+    seen = []
+
     def stuck():
+        # What the job's pass reads, each time anew: on a loaded machine the
+        # operator and kwok may still be writing the master's status when
+        # the scheduler has given up on the worker.
         job, pods = as_served(kube_world, "job-7-a2")
         held = [p for p in pods if scheduler_message(p)]
-        return (job, pods, held) if held else None
+        status = attempt_status(job, pods, ref["placements"])
+        seen[:] = [status]
+        return (held, status) if held and status.waits else None
 
     # The master runs on the free node; the worker waits.
-    job, pods, (pod,) = eventually(stuck, timeout=60, interval=0.2,
-                                   what="the scheduler to give up on the worker")
+    try:
+        (pod,), status = eventually(stuck, timeout=60, interval=0.2,
+                                    what="the scheduler to give up on the worker")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the attempt's status last read: {seen}") from None
     message = scheduler_message(pod)
     assert "Insufficient nvidia.com/gpu" in message
-    status = attempt_status(job, pods, ref["placements"])
     (wait,) = status.waits
     assert (wait.reason, wait.message, wait.node_rank) == ("Unschedulable", message, 1)
     assert all(n.running for n in status.nodes)
