@@ -79,12 +79,10 @@ run: demo
 # The suite keeps its own state folder (SQLite test database, embedded
 # redis-server and its socket), so it never shares one with a running
 # `make run`. Set REGATTA_STATE_DIR to put it elsewhere (.ci/run does).
-# The whole suite runs on TEST_WORKERS pytest-xdist workers (default 3), a
-# test file to a worker and the real clusters' tests together on one (tests/
-# support/xdist_workers.py); TEST_WORKERS=1 runs it in this process. Three
-# on two cores: the real clusters' tests mostly wait on the clusters' clocks,
-# so the other two keep both cores busy beside them.
-TEST_WORKERS ?= 3
+# The whole suite runs on TEST_WORKERS pytest-xdist workers (default 2), a
+# test file to a worker and the real clusters' tests each on one (tests/
+# support/xdist_workers.py); TEST_WORKERS=1 runs it in this process.
+TEST_WORKERS ?= 2
 test: export REGATTA_STATE_DIR ?= $(CURDIR)/.regatta/test
 test: install kube-build-if-go
 	$(PY) -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) \
@@ -121,12 +119,11 @@ kube-build: install
 
 # Where Go is installed and the binaries are missing, `make test` starts
 # their build in the background (log beside them in the cache): the suite
-# runs meanwhile, and its real-cluster tests wait for the build (at the
-# suite's own priority, so that it ends while the rest of the suite still
-# runs beside those tests). Without Go they skip (CI=true makes them fail).
+# runs meanwhile, and its real-cluster tests, which run last, wait for the
+# build. Without Go they skip (CI=true makes them fail instead).
 kube-build-if-go: install
 	@if command -v go >/dev/null || [ -x /usr/local/go/bin/go ]; then \
-		$(PY) -m testcluster build --background --nice 0; \
+		$(PY) -m testcluster build --background; \
 	else echo "kube: no Go here; the real-cluster tests will skip"; fi
 
 kube-up: install

@@ -30,9 +30,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="`kubeconfig`: the admin's instead of Regatta's")
     parser.add_argument("--background", action="store_true",
                         help="`build`: start it in a process of its own and return")
-    parser.add_argument("--nice", type=int, default=15,
-                        help="`build`: the compilers' niceness (default 15; `make test` "
-                             "gives 0 to the build it overlaps with the suite)")
     args = parser.parse_args(argv)
     try:
         return VERBS[args.verb](args)
@@ -42,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _build(args) -> int:
-    print(build.start_in_background(args.nice) if args.background else build.build(nice=args.nice))
+    print(build.start_in_background() if args.background else build.build())
     return 0
 
 

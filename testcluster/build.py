@@ -207,21 +207,18 @@ def wait_while_building(timeout: float, folder: Path | None = None) -> None:
         time.sleep(2)
 
 
-def start_in_background(nice: int = 15) -> str:
+def start_in_background() -> str:
     """Starts `build` in a process of its own, unless the binaries are there
     or a build already runs, and returns what it did. `make test` calls it so
     that a cold build (tens of minutes) overlaps the rest of the suite, whose
-    real-cluster tests wait for it; it passes `nice` 0 there, because a build
-    that only gets the cores the suite leaves idle ends after the rest of the
-    suite, and its tests then run alone at the end, mostly waiting."""
+    real-cluster tests run last and wait for it."""
     out = bin_dir()
     if binaries_present(out):
         return f"testcluster: binaries in {out}"
     if building_now(out):
         return f"testcluster: a build is already running; log {build_log(out)}"
     log = open(build_log(out), "w")
-    proc = subprocess.Popen([sys.executable, "-m", "testcluster", "build", "--nice", str(nice)],
-                            stdout=log,
+    proc = subprocess.Popen([sys.executable, "-m", "testcluster", "build"], stdout=log,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             cwd=HERE.parent, start_new_session=True)
     log.close()

@@ -14,16 +14,12 @@ any conftest is imported. Without xdist it does nothing.
   (modulo 16) on the same server. Without one, each worker starts the
   embedded Redis in its own folder. PostgreSQL needs nothing here:
   pytest-django gives each worker its own test database.
-- `--dist loadfile`: a test file goes to one worker, except that the
-  tests of the real Slurm and of the real Kubernetes cluster (tests/support/
-  slurm_cluster.py, kube_cluster.py) go to one worker together, as one unit
-  handed out first: each cluster starts once in the run, and their tests,
-  which mostly wait on the clusters' own clocks (a node's grace, a pod's
-  deletion), run beside the files that keep the cores busy (torchrun ranks)
-  rather than beside each other. Within that unit Slurm's tests come first,
-  so that a Kubernetes build still running in the background (`make test`
-  starts it) has the longest to finish before its tests wait for it. The
-  other files are handed out largest first.
+- `--dist loadfile`: a test file goes to one worker, except that every
+  test of the real Kubernetes cluster goes to one worker, and every test of
+  the real Slurm to one, so each is started once in the run rather than on
+  every worker (tests/support/kube_cluster.py, tests/support/
+  slurm_cluster.py). Scopes are handed out largest first, so the real
+  clusters' tests start early beside the rest.
 """
 
 import json
@@ -53,8 +49,6 @@ _CLUSTERS = (("kube", "real-kubernetes"), ("slurm", "real-slurm"))
 # Where gw0 writes, for the controller's scheduler, which test files need a
 # real cluster: only a worker collects, and only the controller schedules.
 _GROUPS_ENV = "REGATTA_XDIST_GROUPS"
-# The one work unit that holds every real cluster's tests.
-_REAL_CLUSTERS = "real-clusters"
 
 
 def _cluster(item) -> str | None:
@@ -85,34 +79,22 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadfile`, except that the real clusters' test files go to one
-    worker together, first (see the module's docstring). (pytest-xdist's
-    `loadgroup` would say this with marks, but it renames test ids through an
-    attribute pytest 9 no longer reads.)"""
+    """`--dist loadfile`, except that the files of each real cluster's tests
+    go to one worker together, so each cluster is started once in the run.
+    (pytest-xdist's `loadgroup` would say this with marks, but it renames
+    test ids through an attribute pytest 9 no longer reads.)"""
     target = os.environ.get(_GROUPS_ENV)
     if not target:
         return None
     from xdist.scheduler import LoadFileScheduling
 
-    order = [group for _, group in _CLUSTERS][::-1]  # Slurm's files before Kubernetes'
-
     class ByFileAndCluster(LoadFileScheduling):
         groups: dict[str, str] | None = None
 
-        def _cluster_of(self, nodeid: str) -> str | None:
+        def _split_scope(self, nodeid: str) -> str:
             if self.groups is None:  # written before gw0 reported its collection
                 self.groups = json.loads(Path(target).read_text())
-            return self.groups.get(super()._split_scope(nodeid))
-
-        def _split_scope(self, nodeid: str) -> str:
-            return _REAL_CLUSTERS if self._cluster_of(nodeid) else super()._split_scope(nodeid)
-
-        def _assign_work_unit(self, node) -> None:
-            unit = self.workqueue.get(_REAL_CLUSTERS)
-            if unit is not None:
-                self.workqueue.move_to_end(_REAL_CLUSTERS, last=False)
-                ordered = sorted(unit, key=lambda nodeid: order.index(self._cluster_of(nodeid)))
-                self.workqueue[_REAL_CLUSTERS] = {nodeid: unit[nodeid] for nodeid in ordered}
-            super()._assign_work_unit(node)
+            path = super()._split_scope(nodeid)
+            return self.groups.get(path, path)
 
     return ByFileAndCluster(config, log)

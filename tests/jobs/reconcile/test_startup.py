@@ -53,11 +53,15 @@ def test_a_start_up_that_shows_nothing_gets_an_event_saying_what_each_rank_does(
     provider = get_provider(lab_cluster)
     eventually(lambda: [r.state for r in provider.describe_startup(attempt.provider_ref)]
                == ["rendezvous", "importing"], timeout=120, what="rank 0 waiting for rank 1")
+    # Counted from the attempt's start as recorded, which a loaded machine
+    # may put a second or more after `now`.
+    attempt.refresh_from_db()
+    started = attempt.started_at
 
-    reconcile_job_unlocked(job.id, now + timedelta(seconds=30))
+    reconcile_job_unlocked(job.id, started + timedelta(seconds=30))
     assert reports(job) == []  # before the setting's 60 s
 
-    reconcile_job_unlocked(job.id, now + timedelta(seconds=61))
+    reconcile_job_unlocked(job.id, started + timedelta(seconds=61))
     [event] = reports(job)
     assert "no first step 61 s after its launch, no rank heard from" in event.message
     assert "rank 0: rendezvous" in event.message
@@ -68,6 +72,6 @@ def test_a_start_up_that_shows_nothing_gets_an_event_saying_what_each_rank_does(
     assert event.attempt_id == attempt.id
 
     # Asked again only once per interval, and said again only if it changed.
-    reconcile_job_unlocked(job.id, now + timedelta(seconds=90))
-    reconcile_job_unlocked(job.id, now + timedelta(seconds=125))
+    reconcile_job_unlocked(job.id, started + timedelta(seconds=90))
+    reconcile_job_unlocked(job.id, started + timedelta(seconds=125))
     assert len(reports(job)) == 1
