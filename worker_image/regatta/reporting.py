@@ -156,15 +156,12 @@ class Reporter(NullReporter):
             value = float(value)
         point = contract.METRIC_POINT.build(rank=self.rank, name=name, step=step, value=value,
                                             time=time.time())
-        if len(self.metrics.memory) >= 2 * self.max_metrics and self._spool_lock.acquire(
-                blocking=False):
+        if len(self.metrics.memory) >= 2 * self.max_metrics:
             # The reporting thread is held up (a post to a slow or vanishing
             # control plane): this thread moves the overflow to disk itself,
-            # a rare write of old points rather than a loss.
-            try:
-                self._spill_held()
-            finally:
-                self._spool_lock.release()
+            # a rare write of old points rather than a loss, unless the
+            # reporting thread is at it already.
+            self._spill(wait=False)
         with self._lock:
             if len(self.metrics.memory) >= 2 * self.max_metrics:
                 # The reporting thread is spilling already and could not keep
@@ -266,13 +263,17 @@ class Reporter(NullReporter):
             self._wake.wait(min(wait, self.interval))
             self._wake.clear()
 
-    def _spill(self) -> None:
-        """Move the oldest of a queue past its bound in memory to disk."""
-        with self._spool_lock:
-            self._spill_held()
+    def _spill(self, wait: bool = True) -> None:
+        """Move the oldest of a queue past its bound in memory to disk; with
+        `wait` false, only if no other thread is doing so."""
+        if not self._spool_lock.acquire(blocking=wait):
+            return
+        try:
+            self._spill_locked()
+        finally:
+            self._spool_lock.release()
 
-    def _spill_held(self) -> None:
-        """`_spill` with the spool's lock held by the caller."""
+    def _spill_locked(self) -> None:
         if self._handed_off:
             return
         for queue in (self.urgent, self.metrics):
