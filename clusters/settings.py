@@ -59,6 +59,11 @@ class ClusterSettings:
     first_heartbeat_deadline_s: float = setting(
         120.0, "a rank of a reporting program not heard from this long after the launch is "
         "hung", minimum=0)
+    # Long enough for an SDK program's imports and rendezvous on a loaded host.
+    no_heartbeat_grace_s: float = setting(
+        20.0, "a program of the job's own with no heartbeat this long after its launch, every "
+        "process alive, is one that sends none: it shows running (no heartbeats) and is "
+        "watched by its processes alone", minimum=0)
     first_step_deadline_s: float = setting(
         900.0, "no first step this long after every rank reported is a start-up hang",
         minimum=0)
@@ -89,6 +94,10 @@ class ClusterSettings:
     node_failure_grace_s: float = setting(
         30.0, "a node the provider reports not ready fails only once that lasted this long "
         "(a scheduler's restart, a brief UNKNOWN or NodeStatusUnknown is no failure)",
+        minimum=0)
+    return_settle_s: float = setting(
+        60.0, "a node returned to service may stay not ready this long once its hold is "
+        "lifted (Slurm waits to hear from a resumed slurmd) before the return gives up on it",
         minimum=0)
     transient_backoff_s: float = setting(2.0, "first delay before a transient retry",
                                          minimum=0)

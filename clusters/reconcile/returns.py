@@ -30,9 +30,6 @@ from .replacement import cordon_at_provider
 log = logging.getLogger(__name__)
 
 RETURNABLE = Node.RETURNABLE
-# How long a node may stay not ready once its hold was lifted before the
-# return gives up on it.
-SETTLE_S = 60.0
 
 
 def request_return(node: Node, *, actor: str, reason: str, now) -> NodeEvent | None:
@@ -63,8 +60,9 @@ def check_one_return(cluster, pools, provider, now) -> Node | None:
     except TemporaryError as exc:
         log.warning("cluster %s: return of %s waits: %s", cluster.name, node.name, exc)
         return None
+    cfg = cluster.config
     if seen is not None and not seen.ready and not seen.admin_hold and (
-            now - node.return_requested_at).total_seconds() < SETTLE_S:
+            now - node.return_requested_at).total_seconds() < cfg.return_settle_s:
         # Lifting a hold can leave the node not ready for a moment (Slurm
         # waits to hear from a resumed node's slurmd): asked again next pass.
         return node
@@ -75,7 +73,6 @@ def check_one_return(cluster, pools, provider, now) -> Node | None:
         _refuse(node, why, {"provider_status": seen.conditions if seen else None}, now,
                 hold=seen is not None)
         return node
-    cfg = cluster.config
     if cfg.preflight_on:
         placement = Placement(node=node.name, node_rank=0, provider_id=node.provider_id,
                               address=node.address)

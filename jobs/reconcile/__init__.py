@@ -5,7 +5,6 @@ from .job_pass import (  # noqa: F401
     ERROR_CONDITION,
     IDLE_REQUEUE_S,
     JOBS,
-    NO_HEARTBEAT_GRACE_S,
     STRAGGLERS_FOR,
     due_job_ids,
     reconcile_job_locked,

@@ -255,13 +255,6 @@ def _progress(ctx: Ctx, attempt: JobAttempt, status) -> None:
     goodput.book_running(job, attempt, now)
 
 
-# A program of the job's own that has not sent a heartbeat this long after
-# its launch, with every process alive, is taken to be one that never will:
-# it shows running (no heartbeats) and is watched by its processes alone.
-# Long enough for an SDK program's imports and rendezvous on a loaded host.
-NO_HEARTBEAT_GRACE_S = 20.0
-
-
 def _running_without_heartbeats(ctx: Ctx, attempt: JobAttempt, status) -> bool:
     """Whether the attempt runs a program that sends no heartbeats; keeps
     the job's NoHeartbeats condition (what the UI and CLI show) in step."""
@@ -280,7 +273,9 @@ def _running_without_heartbeats(ctx: Ctx, attempt: JobAttempt, status) -> bool:
              and not status.start_issues)
     if not alive or attempt.started_at is None:
         return False
-    if (ctx.now - attempt.started_at).total_seconds() < NO_HEARTBEAT_GRACE_S:
+    # A program with no heartbeat this long after its launch, every process
+    # alive, is taken to be one that never will send any.
+    if (ctx.now - attempt.started_at).total_seconds() < ctx.config.no_heartbeat_grace_s:
         return False
     ctx.set_condition(NO_HEARTBEATS, attempt=attempt.id, processes=len(status.nodes),
                       since=ctx.now.timestamp())

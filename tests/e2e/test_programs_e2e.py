@@ -51,8 +51,9 @@ def node_logs(attempt) -> str:
 
 @pytest.mark.timeout(300)
 def test_a_plain_ddp_script_survives_a_node_kill_and_succeeds_when_it_exits_0(fleet):
-    cluster = fleet.cluster()
-    job = submit_program(fleet, cluster, "train_ddp.py", steps=600, sleep=0.1, save_every=20)
+    # Taken for a program that sends no heartbeats 5 s after its launch, not 20.
+    cluster = fleet.cluster(no_heartbeat_grace_s=5.0)
+    job = submit_program(fleet, cluster, "train_ddp.py", steps=300, sleep=0.1, save_every=20)
 
     # No heartbeats ever: it shows running (no heartbeats) by its processes.
     fleet.wait("running without heartbeats",

@@ -178,7 +178,8 @@ def test_a_node_its_owner_mended_and_resumed_returns_after_its_health_check(
 
 def test_an_operator_returns_a_mended_node_through_the_api(slurm_world, tmp_path,
                                                            admin_client):
-    cluster = slurm_cluster(slurm_world, tmp_path, node_failure_grace_s=2)
+    # A return gives a node still down 10 s, not 60, to become ready.
+    cluster = slurm_cluster(slurm_world, tmp_path, node_failure_grace_s=2, return_settle_s=10)
     slurm_world.lose_node("n2")
     eventually(lambda: a_pass(cluster) and Node.objects.get(
         cluster=cluster, name="n2").state == "replaced", timeout=90, interval=1.0,
