@@ -26,7 +26,7 @@ def test_a_run_whose_job_stalls_says_what_its_ranks_were_doing(tmp_path):
            if k not in ("DATABASE_URL", "REDIS_URL", "REGATTA_PUBLIC_URL", "REGATTA_BIND")}
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--allow-cpu", "--nodes", "2", "--standbys", "off",
-         "--start-timeout", "75", "--state", str(tmp_path / "state"),
+         "--start-timeout", "50", "--state", str(tmp_path / "state"),
          "--out", str(tmp_path / "out"),
          "--job", json.dumps({"num_nodes": 2, "entrypoint": [str(STALLED)]}),
          "--cluster-settings", json.dumps({"preflight": False, "startup_report_after_s": 20})],
@@ -36,7 +36,7 @@ def test_a_run_whose_job_stalls_says_what_its_ranks_were_doing(tmp_path):
     assert proc.returncode == 1, report
     result = json.loads((tmp_path / "out" / "gpu_product.json").read_text())
     checks = {name: (passed, detail) for name, passed, detail in result["checks"]}
-    assert checks["flow"] == (False, "TimeoutError: a first loss point: not within 75 s")
+    assert checks["flow"] == (False, "TimeoutError: a first loss point: not within 50 s")
     assert checks["stopped"][0], checks["stopped"]
 
     told = (tmp_path / "out" / "gpu_product.txt").read_text()
