@@ -113,10 +113,19 @@ _PG_STORE = (
     " FROM unnest(%(named_batch)s::int[], %(named_name)s::int[]) AS x(b, ni)"
     " WHERE (%(attempts)s::int8[])[x.b] IN (SELECT id FROM ok)"
     " ORDER BY 1, 2 ON CONFLICT (job_id, name) DO NOTHING"
-    # Each new point is counted to the batch whose copy of it was written.
+    # Each new point is counted to the batch whose copy of it was written:
+    # a key of `u` (one row each) that `new` returned too is there twice.
+    # Grouped, not joined: a join of the two is planned from their
+    # estimates, and a generic plan with stale statistics (an attempts table
+    # analyzed while empty) once made it a nested loop, every new point
+    # against every row of `u`: 118 s for 30,000 points, 3 s for a 5,000.
     "), counted AS ("
-    " SELECT u.b, count(*) AS n FROM new JOIN u"
-    " ON (u.a, u.r, u.n, u.s) = (new.attempt_id, new.rank, new.name, new.step) GROUP BY u.b"
+    " SELECT b, count(*) AS n FROM ("
+    " SELECT max(b) AS b FROM ("
+    " SELECT a, r, n, s, b FROM u"
+    " UNION ALL SELECT attempt_id, rank, name, step, NULL FROM new"
+    " ) k GROUP BY a, r, n, s HAVING count(*) = 2"
+    " ) x GROUP BY b"
     ") SELECT g.b, g.a IN (SELECT id FROM ok), COALESCE(c.n, 0)"
     " FROM unnest(%(attempts)s::int8[]) WITH ORDINALITY AS g(a, b) LEFT JOIN counted c USING (b)"
     " ORDER BY g.b"
