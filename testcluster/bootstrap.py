@@ -20,6 +20,7 @@ from kubernetes import client as k8s
 from kubernetes import config as kube_config
 from kubernetes import dynamic
 from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
 from . import build
 
@@ -46,7 +47,7 @@ def apply(api: k8s.ApiClient, docs: list[dict], dry_run: bool = False) -> list[d
     dyn = dynamic.DynamicClient(api)
     out = []
     for doc in docs:
-        resource = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+        resource = _resource(dyn, doc["apiVersion"], doc["kind"])
         kwargs = {"field_manager": FIELD_MANAGER, "force_conflicts": True}
         if dry_run:
             kwargs["dry_run"] = "All"
@@ -55,6 +56,26 @@ def apply(api: k8s.ApiClient, docs: list[dict], dry_run: bool = False) -> list[d
         result = resource.server_side_apply(body=doc, name=doc["metadata"]["name"], **kwargs)
         out.append(result.to_dict())
     return out
+
+
+def _resource(dyn: dynamic.DynamicClient, api_version: str, kind: str,
+              timeout: float = 60.0):
+    """The API resource that serves `kind`. A core kind ("v1") is looked up
+    under /api alone: searched for in every group, "v1" is also asked of
+    each CRD's group, and a CRD created a moment before is listed in
+    discovery before its group answers (a 404 that failed every real-cluster
+    test of a run at its start). A group's kind not served yet is waited
+    for, discovery read again each time."""
+    prefix = "apis" if "/" in api_version else "api"
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return dyn.resources.get(prefix=prefix, api_version=api_version, kind=kind)
+        except ResourceNotFoundError:
+            if time.monotonic() >= deadline:
+                raise
+            dyn.resources.invalidate_cache()
+            time.sleep(0.2)
 
 
 def _docs(path: Path) -> list[dict]:
