@@ -205,6 +205,16 @@ class TestCluster:
         if self.bin_dir is None:
             self.bin_dir = build.build(log=log)
         self.down()
+        try:
+            return self._start(log)
+        except BaseException:
+            # Nothing of a start that failed runs on: its processes would
+            # outlive the caller (a test session whose fixture never yielded
+            # left an API server and etcd running into the next run).
+            self.down()
+            raise
+
+    def _start(self, log) -> Path:
         for sub in ("logs", "pids", "etcd"):
             path = self.state / sub
             if sub == "etcd" and path.exists():
