@@ -58,8 +58,7 @@ def apply(api: k8s.ApiClient, docs: list[dict], dry_run: bool = False) -> list[d
     return out
 
 
-def _resource(dyn: dynamic.DynamicClient, api_version: str, kind: str,
-              timeout: float = 60.0):
+def _resource(dyn: dynamic.DynamicClient, api_version: str, kind: str):
     """The API resource that serves `kind`. A core kind ("v1") is looked up
     under /api alone: searched for in every group, "v1" is also asked of
     each CRD's group, and a CRD created a moment before is listed in
@@ -67,15 +66,15 @@ def _resource(dyn: dynamic.DynamicClient, api_version: str, kind: str,
     test of a run at its start). A group's kind not served yet is waited
     for, discovery read again each time."""
     prefix = "apis" if "/" in api_version else "api"
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def served():
         try:
             return dyn.resources.get(prefix=prefix, api_version=api_version, kind=kind)
         except ResourceNotFoundError:
-            if time.monotonic() >= deadline:
-                raise
             dyn.resources.invalidate_cache()
-            time.sleep(0.2)
+            return None
+
+    return _until(f"the API server to serve {kind} ({api_version})", served)
 
 
 def _docs(path: Path) -> list[dict]:
