@@ -2,12 +2,33 @@
 
 import pytest
 
-from .helpers import ControlPlane, Launcher
+from .helpers import STANDBY, ControlPlane, Launcher
+
+
+@pytest.fixture(scope="session", autouse=True)
+def standby():
+    """The warm standby the launches go through (helpers.Standby), started
+    ahead of the first so that it is ready by then, and stopped at the end."""
+    STANDBY.start()
+    try:
+        yield STANDBY
+    finally:
+        STANDBY.stop()
 
 
 @pytest.fixture
 def launcher(tmp_path):
     launch = Launcher(tmp_path / "runs")
+    try:
+        yield launch
+    finally:
+        launch.cleanup()
+
+
+@pytest.fixture
+def cold_launcher(tmp_path):
+    """Each launch a torchrun process of its own, as on Kubernetes and Slurm."""
+    launch = Launcher(tmp_path / "runs", warm=False)
     try:
         yield launch
     finally:

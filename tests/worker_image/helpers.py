@@ -1,13 +1,16 @@
-"""Real torchrun launches and a real HTTP control-plane stand-in for the trainer tests."""
+"""Real torchrun launches (warm through a standby, or cold) and a real HTTP
+control-plane stand-in for the trainer tests."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -68,7 +71,7 @@ class Run:
         return {rank: s["exit_code"] for rank, s in self.statuses().items()}
 
     def ranks(self) -> list[int]:
-        return [p for p in descendants(self.proc.pid) if _is_rank(p)]
+        return ranks_of(self.proc)
 
     def wait_for(self, predicate, timeout: float = 60, what: str = "condition") -> None:
         """Until `predicate` holds; a run that exits first fails at once. Either
@@ -88,31 +91,19 @@ class Run:
             raise AssertionError(f"{exc}:\n{self.log()[-3000:]}") from None
 
     def kill(self) -> None:
-        for pid in [self.proc.pid, *descendants(self.proc.pid)]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
+        kill_tree(self.proc)
 
 
 class RunExited(AssertionError):
     """The run ended before what a test waited for."""
 
 
-def _is_rank(pid: int) -> bool:
-    try:
-        return b"trainer" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-
-
 class Launcher:
-    def __init__(self, root: Path):
-        self.root = root
+    """The built-in trainer under torchrun, warm through the standby
+    (`start_torchrun`) unless `warm` is False."""
+
+    def __init__(self, root: Path, warm: bool = True):
+        self.root, self.warm = root, warm
         self.runs: list[Run] = []
 
     def start(self, config: dict, ckpt: str | Path, *, name: str = "run", nproc: int = 2,
@@ -120,22 +111,16 @@ class Launcher:
         folder = self.root / f"{name}-{len(self.runs)}"
         folder.mkdir(parents=True)
         status_dir = folder / "status"
-        base = {k: v for k, v in os.environ.items() if not k.startswith("REGATTA_")}
-        base.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-                     "REGATTA_CONFIG": json.dumps({**NANO, **config}),
-                     "REGATTA_CHECKPOINT_URI": str(ckpt),
-                     "REGATTA_STATUS_DIR": str(status_dir)})
+        launch = {"REGATTA_CONFIG": json.dumps({**NANO, **config}),
+                  "REGATTA_CHECKPOINT_URI": str(ckpt), "REGATTA_STATUS_DIR": str(status_dir)}
         if resume is not None:
-            base["REGATTA_RESUME_STEP"] = resume
-        base.update(env or {})
-        cmd = [TORCHRUN, "--nnodes=1", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
-               f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--monitor-interval=0.2",
-               "-m", "trainer", "--staging-dir", str(folder / "staging")]
-        log_path = folder / "log.txt"
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=base,
-                                    cwd=folder, start_new_session=True)
-        run = Run(proc, log_path, status_dir, str(ckpt))
+            launch["REGATTA_RESUME_STEP"] = resume
+        launch.update(env or {})
+        argv = ["--nnodes=1", f"--nproc-per-node={nproc}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--monitor-interval=0.2",
+                "-m", "trainer", "--staging-dir", str(folder / "staging")]
+        proc = start_torchrun(argv, launch, folder, warm=self.warm)
+        run = Run(proc, folder / "stdout.log", status_dir, str(ckpt))
         self.runs.append(run)
         return run
 
@@ -151,6 +136,156 @@ class Launcher:
     def cleanup(self) -> None:
         for run in self.runs:
             run.kill()
+
+
+class Standby:
+    """This test process's warm standby (regatta/node/standby.py), the one
+    the local fleet keeps on each node: Python, torch, torchrun's agent and
+    the trainer imported once. A launch handed to it forks torchrun's agent,
+    and the agent forks each rank (`--start-method=fork`), instead of starting
+    Python and importing torch three times (~8 CPU-s on two cores, most of a
+    short run). The ranks run the same entry point under the same torchrun
+    agent, with the launch's own environment: the local fleet's default path.
+    A launch it cannot take (not ready in time, refused) goes cold, as the
+    provider's does."""
+
+    NODE = "trainer-tests"
+    READY_WAIT_S = 15.0
+
+    def __init__(self) -> None:
+        self.fleet: Path | None = None
+
+    def start(self) -> None:
+        """Start it ahead of the first launch (it takes seconds to import)."""
+        from regatta.node import standby
+
+        if self.fleet is None:
+            self.fleet = Path(tempfile.mkdtemp(prefix="regatta-test-standby-"))
+        standby.ensure(self.fleet, self.NODE, sys.executable, _launch_env({}))
+
+    def take(self, argv: list[str], env: dict, folder: Path) -> WarmTorchrun | None:
+        from regatta.node import standby
+        from regatta.node.files import read_json
+
+        self.start()  # renews the lease; a new one if it left
+        info = standby.standby_dir(self.fleet, self.NODE) / standby.INFO
+        deadline = time.monotonic() + self.READY_WAIT_S
+        while time.monotonic() < deadline:
+            state = read_json(info, {}).get("state")
+            if state == "ready":
+                break
+            if state not in ("starting", None):
+                return None
+            time.sleep(0.05)
+        if not standby.hand_over(self.fleet, self.NODE, folder,
+                                 [sys.executable, "-m", "torch.distributed.run", *argv],
+                                 env, sys.executable):
+            return None
+        return WarmTorchrun(folder)
+
+    def stop(self) -> None:
+        from regatta.node import standby
+
+        if self.fleet is not None:
+            standby.stop_idle(self.fleet)
+            shutil.rmtree(self.fleet, ignore_errors=True)
+            self.fleet = None
+
+
+STANDBY = Standby()
+
+
+class WarmTorchrun:
+    """A torchrun agent the standby forked, with what tests use of a Popen:
+    `pid` (the agent's: its children are the ranks), `poll`, `wait`,
+    `returncode`, `send_signal`. It is not this process's child: its
+    launcher records it in `launcher.json` and how it ended in `exit.json`
+    (regatta/node/launcher.py)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.returncode: int | None = None
+        launcher = folder / "launcher.json"
+        eventually(launcher.exists, timeout=10, interval=0.02, what="the standby's launcher.json")
+        info = json.loads(launcher.read_text())
+        self.pid, self.launcher = info["torchrun_pid"], (info["pid"], info["starttime"])
+
+    def poll(self) -> int | None:
+        from regatta.node import procs
+
+        if self.returncode is None:
+            done = self.folder / "exit.json"
+            if done.exists():
+                self.returncode = json.loads(done.read_text())["torchrun_returncode"]
+            elif not procs.is_running(*self.launcher) and not done.exists():
+                self.returncode = -signal.SIGKILL  # killed before it could say
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("torchrun (warm)", timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        kill_tree(self)
+
+
+def _launch_env(env: dict) -> dict:
+    """A launch's environment: this one without Regatta's own variables, one
+    thread per rank, unbuffered output, then `env`."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("REGATTA_")}
+    return {**base, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env}
+
+
+def start_torchrun(argv: list[str], env: dict, folder: Path, *, warm: bool = True):
+    """torchrun `argv` (its options and the program) with `env` over the
+    launch environment, in `folder`, its output (agent and ranks) in
+    `folder/stdout.log`. Warm through the standby unless `warm` is False or
+    it cannot take the launch; cold: a torchrun process of its own. Returns
+    a Popen or a `WarmTorchrun`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    full = _launch_env(env)
+    if warm:
+        taken = STANDBY.take(argv, full, folder)
+        if taken is not None:
+            return taken
+    with open(folder / "stdout.log", "ab") as log:
+        return subprocess.Popen([TORCHRUN, *argv], stdout=log, stderr=subprocess.STDOUT,
+                                env=full, cwd=folder, start_new_session=True)
+
+
+def ranks_of(proc) -> list[int]:
+    """The ranks of a torchrun, warm or cold: its agent's children."""
+    return [pid for pid in descendants(proc.pid) if _parent(pid) == proc.pid]
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def kill_tree(proc) -> None:
+    """SIGKILL a torchrun (warm: its launcher too) and everything below it."""
+    pids = [proc.pid, *descendants(proc.pid)]
+    if isinstance(proc, WarmTorchrun):
+        pids.insert(0, proc.launcher[0])
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 class ControlPlane:

@@ -2,12 +2,11 @@
 synchronously (issue 11: the second async save crashed ranks on CUDA)."""
 
 import os
-import subprocess
 
 import pytest
 from regatta.storage import open_storage
 
-from .helpers import TORCHRUN, free_port
+from .helpers import free_port, start_torchrun
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -16,16 +15,17 @@ PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "failing_stager.py
 
 def test_a_stager_that_raises_is_reported_and_the_save_is_taken_synchronously(
         tmp_path, control_plane):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **control_plane.env()}
-    proc = subprocess.run(
-        [TORCHRUN, "--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
+    folder = tmp_path / "run"
+    proc = start_torchrun(
+        ["--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
          f"--rdzv-endpoint=127.0.0.1:{free_port()}", PROGRAM, str(tmp_path / "ckpt"),
-         str(tmp_path / "staging")],
-        env=env, capture_output=True, text=True, timeout=100)
+         str(tmp_path / "staging")], control_plane.env(), folder)
+    proc.wait(timeout=100)
+    log = (folder / "stdout.log").read_text(errors="replace")
 
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "rank 0 trained to step 4; async_enabled=False" in proc.stdout
-    assert "rank 1 trained to step 4; async_enabled=False" in proc.stdout
+    assert proc.returncode == 0, log[-3000:]
+    assert "rank 0 trained to step 4; async_enabled=False" in log
+    assert "rank 1 trained to step 4; async_enabled=False" in log
     store = open_storage(str(tmp_path / "ckpt"))
     assert store.committed_steps() == [2, 4]
     assert store.verify(2) == (True, "ok") and store.verify(4) == (True, "ok")

@@ -17,14 +17,14 @@ from .helpers import free_port
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 
-def test_sigterm_leaves_a_committed_checkpoint_and_exit_code_83(launcher, tmp_path,
+def test_sigterm_leaves_a_committed_checkpoint_and_exit_code_83(cold_launcher, tmp_path,
                                                                  control_plane):
     ckpt = tmp_path / "ckpt"
-    run = launcher.start({"max_steps": 5000, "checkpoint_every_steps": 7, "step_sleep_s": 0.02},
-                         ckpt, env=control_plane.env())
+    run = cold_launcher.start({"max_steps": 5000, "checkpoint_every_steps": 7,
+                               "step_sleep_s": 0.02}, ckpt, env=control_plane.env())
     run.wait_for(lambda: "step 10 loss" in run.log(), what="step 10")
-    # What a node drain or spot notice does: SIGTERM to the launcher, which
-    # forwards it to every rank.
+    # What a node drain or spot notice does on Kubernetes and Slurm: SIGTERM
+    # to torchrun (a process of its own there), which forwards it to every rank.
     run.proc.send_signal(signal.SIGTERM)
     run.wait(60)
 

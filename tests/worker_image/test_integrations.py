@@ -6,7 +6,6 @@ standing in for the control plane. No mocks: the real Trainer, the real SDK."""
 
 import importlib.util
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from regatta.storage import open_storage
 
 from tests.support.waiting import eventually
 
-from .helpers import TORCHRUN, free_port
+from .helpers import free_port, kill_tree, start_torchrun
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -38,28 +37,22 @@ class Job:
 
     def __init__(self, tmp_path, framework, name, ckpt, *, steps, sleep=0.0, every=4, env=None):
         self.folder = tmp_path / name
-        self.folder.mkdir()
         self.status = self.folder / "status"
-        base = {k: v for k, v in os.environ.items() if not k.startswith("REGATTA_")}
-        base.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-                     "REGATTA_CONFIG": json.dumps({"steps": steps, "sleep": sleep}),
-                     "REGATTA_CHECKPOINT_URI": str(ckpt),
-                     "REGATTA_CHECKPOINT_EVERY": str(every),
-                     "REGATTA_STATUS_DIR": str(self.status), **(env or {})})
-        self.out = self.folder / "log.txt"
-        with open(self.out, "wb") as log:
-            self.proc = subprocess.Popen(
-                [TORCHRUN, "--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
-                 f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--monitor-interval=0.2",
-                 str(FRAMEWORKS[framework])],
-                env=base, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder,
-                start_new_session=True)
+        self.out = self.folder / "stdout.log"
+        self.proc = start_torchrun(
+            ["--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
+             f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--monitor-interval=0.2",
+             str(FRAMEWORKS[framework])],
+            {"REGATTA_CONFIG": json.dumps({"steps": steps, "sleep": sleep}),
+             "REGATTA_CHECKPOINT_URI": str(ckpt), "REGATTA_CHECKPOINT_EVERY": str(every),
+             "REGATTA_STATUS_DIR": str(self.status), **(env or {})},
+            self.folder)
 
     def wait(self, timeout=90) -> "Job":
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            kill_tree(self.proc)
             raise AssertionError(f"timed out:\n{self.log()[-3000:]}") from None
         return self
 

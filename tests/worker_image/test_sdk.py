@@ -14,7 +14,7 @@ from regatta.storage import open_storage
 
 from tests.support.waiting import eventually
 
-from .helpers import TORCHRUN, descendants, flat_tensors, free_port, load_checkpoint
+from .helpers import flat_tensors, free_port, load_checkpoint, ranks_of, start_torchrun
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -24,19 +24,16 @@ PROGRAM = os.path.join(os.path.dirname(__file__), "programs", "sdk_program.py")
 class Program:
     def __init__(self, tmp_path, name, ckpt, *, env=None, steps=12, sleep=0.0, mode="dcp",
                  every=3):
-        self.status = tmp_path / name / "status"
-        base = {k: v for k, v in os.environ.items() if not k.startswith("REGATTA_")}
-        base.update({"OMP_NUM_THREADS": "1", "SDK_STEPS": str(steps), "SDK_SLEEP": str(sleep),
-                     "SDK_MODE": mode, "REGATTA_CHECKPOINT_URI": str(ckpt),
-                     "REGATTA_CHECKPOINT_EVERY": str(every),
-                     "REGATTA_STATUS_DIR": str(self.status), **(env or {})})
-        self.out = tmp_path / f"{name}.log"
-        with open(self.out, "wb") as log:
-            self.proc = subprocess.Popen(
-                [TORCHRUN, "--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
-                 f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--monitor-interval=0.2",
-                 PROGRAM], env=base, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path,
-                start_new_session=True)
+        folder = tmp_path / name
+        self.status = folder / "status"
+        self.out = folder / "stdout.log"
+        self.proc = start_torchrun(
+            ["--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
+             f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--monitor-interval=0.2", PROGRAM],
+            {"SDK_STEPS": str(steps), "SDK_SLEEP": str(sleep), "SDK_MODE": mode,
+             "REGATTA_CHECKPOINT_URI": str(ckpt), "REGATTA_CHECKPOINT_EVERY": str(every),
+             "REGATTA_STATUS_DIR": str(self.status), **(env or {})},
+            folder)
 
     def wait(self, timeout=120) -> "Program":
         self.proc.wait(timeout=timeout)
@@ -61,9 +58,7 @@ def test_alone_it_saves_and_resumes_bitwise_identically_after_sigkill(tmp_path):
     store = open_storage(str(ckpt))
     killed = Program(tmp_path, "killed", ckpt, sleep=0.3)
     eventually(lambda: store.is_committed(6), timeout=90, interval=0.1, what="step 6 committed")
-    ranks = [p for p in descendants(killed.proc.pid)
-             if b"sdk_program" in open(f"/proc/{p}/cmdline", "rb").read()]
-    os.kill(max(ranks), signal.SIGKILL)
+    os.kill(max(ranks_of(killed.proc)), signal.SIGKILL)
     killed.wait()
     assert store.committed_steps()[-1] < 12
 
@@ -95,9 +90,7 @@ def test_a_survivor_hands_over_the_last_step_with_no_code_of_the_programs_own(
     eventually(lambda: store.is_committed(6), timeout=90, interval=0.1, what="step 6 committed")
     eventually(lambda: any(p["step"] >= 8 for r in control_plane.of_kind("metrics")
                            for p in r["body"]["points"]), timeout=30, what="step 8")
-    ranks = [p for p in descendants(killed.proc.pid)
-             if b"sdk_program" in open(f"/proc/{p}/cmdline", "rb").read()]
-    os.kill(max(ranks), signal.SIGKILL)
+    os.kill(max(ranks_of(killed.proc)), signal.SIGKILL)
     killed.wait()
 
     handed = store.committed_steps()[-1]

@@ -9,8 +9,9 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
-def test_the_trainer_marks_each_start_up_phase_up_to_its_first_step(launcher, tmp_path):
-    run = launcher.run({"max_steps": 3}, tmp_path / "ckpt", nproc=1)
+def test_the_trainer_marks_each_start_up_phase_up_to_its_first_step(cold_launcher, tmp_path):
+    """A cold start: a warm one's ranks mark "started" first (the standby's)."""
+    run = cold_launcher.run({"max_steps": 3}, tmp_path / "ckpt", nproc=1)
     assert run.exit_codes() == {0: 0}, run.log()[-3000:]
 
     marker = json.loads((run.status_dir / "startup-0.json").read_text())
