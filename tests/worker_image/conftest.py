@@ -1,15 +1,22 @@
 """Fixtures for the trainer tests. No database: nothing here touches Django models."""
 
+from pathlib import Path
+
 import pytest
 
 from .helpers import STANDBY, ControlPlane, Launcher
 
 
 @pytest.fixture(scope="session", autouse=True)
-def standby():
-    """The warm standby the launches go through (helpers.Standby), started
-    ahead of the first so that it is ready by then, and stopped at the end."""
-    STANDBY.start()
+def standby(request):
+    """The warm standby the launches go through (helpers.Standby), stopped
+    at the end. Started ahead when the session holds tests that launch
+    (the slow ones here), so that it is ready by the first: the fast ones
+    (`make test-fast`) pay for none."""
+    here = Path(__file__).parent
+    if any(item.path.is_relative_to(here) and item.get_closest_marker("slow")
+           for item in request.session.items):
+        STANDBY.start()
     try:
         yield STANDBY
     finally:

@@ -206,7 +206,7 @@ class WarmTorchrun:
         self.folder = folder
         self.returncode: int | None = None
         launcher = folder / "launcher.json"
-        eventually(launcher.exists, timeout=10, interval=0.02, what="the standby's launcher.json")
+        eventually(launcher.exists, timeout=30, interval=0.02, what="the standby's launcher.json")
         info = json.loads(launcher.read_text())
         self.pid, self.launcher = info["torchrun_pid"], (info["pid"], info["starttime"])
 
