@@ -23,6 +23,7 @@ two nodes without standbys (two cold Python starts per node) and with them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -35,6 +36,8 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_HYPERPARAMETERS = {"model": "tiny", "max_steps": 3000, "batch_size": 8,
@@ -79,12 +82,22 @@ def bare_torchrun(work: Path) -> float:
         raise RuntimeError("bare torchrun: no first step in 300 s: "
                            + "\n".join(log.read_text()[-1500:] for log in logs))
     finally:
+        # torchrun starts each rank in a session of its own: killing its
+        # process group alone would leave the ranks training on.
+        ranks = []
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                ranks += psutil.Process(p.pid).children(recursive=True)
         for p in procs:
             try:
                 os.killpg(p.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             p.wait()
+        for rank in ranks:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                rank.kill()
+        psutil.wait_procs(ranks, timeout=10)
 
 
 class Product:
