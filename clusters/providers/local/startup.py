@@ -58,22 +58,30 @@ def nproc_of(node_dir: Path) -> int:
 def describe(ref: dict, now: float | None = None) -> tuple[RankActivity, ...]:
     now = time.time() if now is None else now
     attempt_dir = Path(ref["dir"])
-    ranks = {p.rank: p for p in procs.top_ranks(procs.scan(attempt_dir=str(attempt_dir)))}
-    out = []
+    # The ranks' own records first, their processes after: a rank tags its
+    # process before it writes its first marker, so a marker read before
+    # the scan began belongs to a process the scan can see. The other way
+    # round, a rank that started during the scan (its /proc entry read
+    # before it was tagged) would read as gone after "started".
+    wanted = []
     for entry in sorted(ref.get("nodes") or (), key=lambda e: e["node_rank"]):
         node_dir = attempt_dir / f"node-{entry['node_rank']}"
         nproc = nproc_of(node_dir)
         for local in range(nproc):
             rank = entry["node_rank"] * nproc + local
-            out.append(_rank(node_dir, entry["node"], rank, ranks.get(rank), now))
-    return tuple(out)
+            status = node_dir / "status"
+            wanted.append((node_dir, entry["node"], rank,
+                           read_json(status / contract.startup_file(rank)) or {},
+                           read_json(status / contract.status_file(rank))))
+    ranks = {p.rank: p for p in procs.top_ranks(procs.scan(attempt_dir=str(attempt_dir)))}
+    return tuple(_rank(node_dir, node, rank, marker, ended, ranks.get(rank), now)
+                 for node_dir, node, rank, marker, ended in wanted)
 
 
-def _rank(node_dir: Path, node: str, rank: int, proc: procs.Proc | None,
-          now: float) -> RankActivity:
-    status = node_dir / "status"
-    marker = read_json(status / contract.startup_file(rank)) or {}
-    ended = read_json(status / contract.status_file(rank))
+def _rank(node_dir: Path, node: str, rank: int, marker: dict, ended: dict | None,
+          proc: procs.Proc | None, now: float) -> RankActivity:
+    if proc is None and not ended:  # it may have ended during the scan: read it again
+        ended = read_json(node_dir / "status" / contract.status_file(rank))
     if ended:
         return RankActivity(rank, node, "exited", None,
                             f"exited {ended.get('exit_code')}: {ended.get('error') or 'no error'}"
