@@ -218,7 +218,9 @@ class WarmTorchrun:
             if done.exists():
                 self.returncode = json.loads(done.read_text())["torchrun_returncode"]
             elif not procs.is_running(*self.launcher) and not done.exists():
-                self.returncode = -signal.SIGKILL  # killed before it could say
+                # Gone, and (read again: it writes exit.json before it
+                # exits) without a word: killed.
+                self.returncode = -signal.SIGKILL
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -262,14 +264,9 @@ def start_torchrun(argv: list[str], env: dict, folder: Path, *, warm: bool = Tru
 
 def ranks_of(proc) -> list[int]:
     """The ranks of a torchrun, warm or cold: its agent's children."""
-    return [pid for pid in descendants(proc.pid) if _parent(pid) == proc.pid]
+    from regatta.node import procs
 
-
-def _parent(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
+    return [pid for pid in descendants(proc.pid) if (procs.stat(pid) or (None,))[0] == proc.pid]
 
 
 def kill_tree(proc) -> None:
