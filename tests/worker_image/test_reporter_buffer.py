@@ -155,3 +155,28 @@ def test_the_first_step_is_reported_at_once_not_an_interval_later(control_plane)
         assert not any(r["body"].get("step") == 2 for r in control_plane.of_kind("heartbeat"))
     finally:
         reporter.close(timeout_s=2)
+
+
+def test_a_first_step_taken_while_a_heartbeat_is_in_flight_is_still_sent_at_once(control_plane):
+    # The interleaving that once held the first step back a whole interval:
+    # the step lands after the start-up heartbeat's body was built and before
+    # its answer, and the answer's bookkeeping scheduled the next heartbeat
+    # 30 s away over it. The server takes the step inside that window.
+    reporter = Reporter(control_plane.url, "rgw_test", "7", rank=0, node="local-a-0",
+                        heartbeat_interval_s=30.0, job_id="3")
+
+    def step_during_the_first_heartbeat(record):
+        # Run under the server's lock, so it reads the list itself.
+        if record["kind"] == "heartbeat" and sum(
+                r["kind"] == "heartbeat" for r in control_plane.requests) == 1:
+            reporter.update_status(step=1)
+
+    control_plane.on_request = step_during_the_first_heartbeat
+    reporter.start()
+    try:
+        eventually(lambda: any(r["body"].get("step") == 1
+                               for r in control_plane.of_kind("heartbeat")),
+                   timeout=10, interval=0.05, what="a heartbeat carrying step 1")
+        assert control_plane.of_kind("heartbeat")[0]["body"]["step"] == 0
+    finally:
+        reporter.close(timeout_s=2)

@@ -129,6 +129,11 @@ class Reporter(NullReporter):
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="regatta-reporter", daemon=True)
         self._next_heartbeat = 0.0
+        # Set by the training loop's first step, cleared by the thread as it
+        # builds a heartbeat: a flag rather than a deadline, because a first
+        # step that lands while a heartbeat is in flight must not be undone
+        # by that heartbeat scheduling the next one an interval away.
+        self._status_due = False
         self._backoff = 0.0
         self._max_backoff = min(MAX_BACKOFF_S, max(MIN_MAX_BACKOFF_S, heartbeat_interval_s))
         self._retry_at = 0.0
@@ -147,7 +152,7 @@ class Reporter(NullReporter):
             # The heartbeat that carries the first step is what marks the
             # attempt running (and ends its start-up in the goodput ledger):
             # sent now, not up to an interval later.
-            self._next_heartbeat = 0.0
+            self._status_due = True
             self._wake.set()
 
     def metric(self, name: str, step: int, value: Any) -> None:
@@ -243,7 +248,10 @@ class Reporter(NullReporter):
             now = time.monotonic()
             if now >= self._retry_at:
                 try:
-                    if not stopping and now >= self._next_heartbeat:
+                    if not stopping and (self._status_due or now >= self._next_heartbeat):
+                        # Due until delivered: a failed post is retried
+                        # after the backoff, not an interval later.
+                        self._status_due, self._next_heartbeat = False, 0.0
                         self._heartbeat()
                         self._next_heartbeat = time.monotonic() + self.interval
                     self._drain()
@@ -376,7 +384,8 @@ class Reporter(NullReporter):
             self._post(METRICS, batch)
             with self._lock:
                 self._metric_batch = None
-            if not self._stop.is_set() and time.monotonic() >= self._next_heartbeat:
+            if not self._stop.is_set() and (
+                    self._status_due or time.monotonic() >= self._next_heartbeat):
                 return
 
     # -- at exit --------------------------------------------------------------------
