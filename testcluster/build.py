@@ -264,8 +264,12 @@ def _build_missing(go: str, out: Path, log, nice: int) -> Path:
         ldflags = "-s -w" + (" " + stamp if comp.version_ldflags else "")
         tmp = out / f".{comp.name}.tmp"
         overlay, package = _overlay(go, comp, out)
-        cmd = ["nice", "-n", str(nice), go, "build", "-trimpath", f"-ldflags={ldflags}",
-               *([f"-overlay={overlay}"] if overlay else []), "-o", str(tmp), package]
+        # `-w` drops the debug information at the link only; the compiler
+        # still writes it for every package unless told not to, about a
+        # tenth of the compile's CPU (etcd: 93 against 106 CPU-s).
+        cmd = ["nice", "-n", str(nice), go, "build", "-trimpath", "-gcflags=all=-dwarf=false",
+               f"-ldflags={ldflags}", *([f"-overlay={overlay}"] if overlay else []),
+               "-o", str(tmp), package]
         log(f"testcluster: building {comp.name} ({comp.package})")
         started = time.monotonic()
         done = subprocess.run(cmd, cwd=comp.module_dir, capture_output=True, text=True)
