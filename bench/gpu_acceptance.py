@@ -26,6 +26,7 @@ writes the figures.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -162,7 +163,13 @@ class Runner:
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            # torchrun starts its ranks in their own sessions: the group kill
+            # alone would leave them holding the GPU for the next run.
+            ranks = _rank_pids(proc.pid)
             os.killpg(proc.pid, signal.SIGKILL)
+            for pid in ranks:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             proc.wait()
         status = self.root / name / "status" / "rank-0.json"
         code = json.loads(status.read_text())["exit_code"] if status.exists() else proc.returncode
