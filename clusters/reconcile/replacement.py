@@ -193,19 +193,26 @@ def _ask_provider(node: Node, reason: str, now) -> Node | None:
                              evidence={"new": info.name if info else None}, created_at=now)
     if info is None:
         return None
-    new, created = Node.objects.get_or_create(
-        cluster=node.cluster, name=info.name,
-        defaults={
-            "pool": pool, "provider_id": info.provider_id, "address": info.address,
-            "gpus": info.gpus, "is_spare": True, "labels": info.labels,
-            "state": Node.State.PROVISIONING, "created_at": now,
-        },
-    )
-    if created:
-        NodeEvent.objects.create(node=new, from_state="", to_state=Node.State.PROVISIONING,
-                                 reason=f"provisioned to replace {node.name}", created_at=now)
-        if info.ready:
-            new.transition(Node.State.READY, reason="provider reports it ready", now=now)
+    with transaction.atomic():
+        # A node joining takes the pool's lock first, as the cluster pass
+        # recording the same machine does: without it, this insert's foreign
+        # key check on the pool, at commit, waited on that pass's pool lock
+        # while the pass's insert of the same name waited on this one.
+        NodePool.hold(pool.pk)
+        new, created = Node.objects.get_or_create(
+            cluster=node.cluster, name=info.name,
+            defaults={
+                "pool": pool, "provider_id": info.provider_id, "address": info.address,
+                "gpus": info.gpus, "is_spare": True, "labels": info.labels,
+                "state": Node.State.PROVISIONING, "created_at": now,
+            },
+        )
+        if created:
+            NodeEvent.objects.create(node=new, from_state="", to_state=Node.State.PROVISIONING,
+                                     reason=f"provisioned to replace {node.name}",
+                                     created_at=now)
+            if info.ready:
+                new.transition(Node.State.READY, reason="provider reports it ready", now=now)
     return new
 
 
