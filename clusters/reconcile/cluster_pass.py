@@ -119,6 +119,9 @@ class _Clusters:
     """Clusters as the reconcile runner sees them (controlplane/lib/runner.py)."""
 
     name = "cluster"
+    # Every sweep asks for each cluster: an ask that finds a pass running is
+    # the next sweep's to make, not one more pass straight after it.
+    keeps_asks = False
 
     def reconcile(self, cluster_id: int, now) -> Result:
         return reconcile_cluster_unlocked(cluster_id, now)

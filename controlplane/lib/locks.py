@@ -30,6 +30,8 @@ from .errors import RegattaError
 
 log = logging.getLogger(__name__)
 
+DIRTY = "regatta:dirty:"
+
 _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then
     return redis.call('del', KEYS[1])
@@ -171,3 +173,17 @@ def once_within(name: str, seconds: float) -> bool:
     requeue is scheduled once, not once per pass that asked for it."""
     ms = max(1, int(seconds * 1000))
     return bool(get_redis().set("regatta:once:" + name, "1", nx=True, px=ms))
+
+
+def mark_dirty(name: str) -> None:
+    """Note that `name` was asked for while another worker held it, so that
+    holder looks again once it lets go (`take_dirty`): the ask is not lost,
+    as a controller's work queue keeps an item added while it is processed.
+    The note lasts a lock's TTL: if its holder dies, the sweep stands in."""
+    get_redis().set(DIRTY + name, "1", px=max(1, int(default_ttl() * 1000)))
+
+
+def take_dirty(name: str) -> bool:
+    """True once per `mark_dirty` since the last take (an atomic delete)."""
+    return bool(get_redis().delete(DIRTY + name))
+

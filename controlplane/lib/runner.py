@@ -54,6 +54,10 @@ class Kind(Protocol):
     """What the runner needs of each kind of object (jobs, clusters)."""
 
     name: str  # the lock's prefix: "job", "cluster"
+    # Whether an ask that finds the object held is kept for after the pass
+    # (see `run`): for objects asked for by the changes that concern them,
+    # not for those every sweep asks for anyway.
+    keeps_asks: bool
 
     def reconcile(self, object_id: int, now) -> Result: ...
 
@@ -77,25 +81,52 @@ def classify(exc: Exception, previous: int) -> ReconcileError:
 
 
 def run(kind: Kind, object_id: int, now) -> Result | None:
-    """One pass over one object; None when another worker holds it."""
-    with locks.hold(f"{kind.name}:{object_id}") as acquired:
-        if not acquired:
+    """One pass over one object; None when another worker holds it.
+
+    For a kind that `keeps_asks`, a pass asked for while another worker
+    holds the object is not lost: it is noted, and the holder, once it lets
+    go, asks for one more at once (`requeue_after` 0). Without that, a
+    change that lands during a pass (a job admitted while the pass that
+    queued it still held it) waited for the object's next due time, for
+    the sweep."""
+    name = f"{kind.name}:{object_id}"
+    result = None
+    with locks.hold(name) as acquired:
+        if acquired:
+            result = _pass(kind, object_id, now)
+    if not acquired:
+        if not kind.keeps_asks:
             return None
-        started = time.monotonic()
-        try:
-            result = kind.reconcile(object_id, now)
-        except locks.LockLost:
-            raise  # `hold` ends the pass: the lock's new holder does the work
-        except Exception as exc:  # every class is handled below, none is lost
-            error = classify(exc, kind.errors_in_a_row(object_id))
-            log.warning("%s %s: %s error #%d: %s (next look in %.0fs)", kind.name, object_id,
-                        error.error_class, error.count, error.message, error.retry_after,
-                        exc_info=error.error_class == OTHER)
-            kind.record_error(object_id, now, error)
-            telemetry.count("reconcile_errors", kind=kind.name, error_class=error.error_class)
-            return Result.after(error.retry_after, error.message)
-        finally:
-            telemetry.observe("reconcile_duration_seconds", time.monotonic() - started,
-                              kind=kind.name)
-        kind.clear_error(object_id)
-        return result
+        locks.mark_dirty(name)
+        # The holder may have let go between the first try and the note,
+        # and looked for one before it was there: try once more.
+        with locks.hold(name) as acquired:
+            if not acquired:
+                return None
+            locks.take_dirty(name)  # this pass is the one asked for
+            return _pass(kind, object_id, now)
+    if kind.keeps_asks and locks.take_dirty(name):
+        return Result.after(0.0, "asked for again during the pass")
+    return result
+
+
+def _pass(kind: Kind, object_id: int, now) -> Result:
+    """The pass itself, under the object's lock, with its error classes."""
+    started = time.monotonic()
+    try:
+        result = kind.reconcile(object_id, now)
+    except locks.LockLost:
+        raise  # `hold` ends the pass: the lock's new holder does the work
+    except Exception as exc:  # every class is handled below, none is lost
+        error = classify(exc, kind.errors_in_a_row(object_id))
+        log.warning("%s %s: %s error #%d: %s (next look in %.0fs)", kind.name, object_id,
+                    error.error_class, error.count, error.message, error.retry_after,
+                    exc_info=error.error_class == OTHER)
+        kind.record_error(object_id, now, error)
+        telemetry.count("reconcile_errors", kind=kind.name, error_class=error.error_class)
+        return Result.after(error.retry_after, error.message)
+    finally:
+        telemetry.observe("reconcile_duration_seconds", time.monotonic() - started,
+                          kind=kind.name)
+    kind.clear_error(object_id)
+    return result

@@ -91,6 +91,9 @@ class _Jobs:
     """Jobs as the reconcile runner sees them (controlplane/lib/runner.py)."""
 
     name = "job"
+    # A job is asked for by what concerns it (a submit, an admission, a
+    # report): an ask during a pass must not wait for the job's next due time.
+    keeps_asks = True
 
     def reconcile(self, job_id: int, now) -> Result:
         return reconcile_job_unlocked(job_id, now)

@@ -122,3 +122,44 @@ def test_a_cluster_with_a_bad_setting_is_a_permanent_error_naming_it(db):
     assert result.requeue_after == PERMANENT_RECHECK_S
     cluster.refresh_from_db()
     assert "observe_interval_s" in cluster.last_error
+
+
+def test_a_job_asked_for_during_its_pass_gets_one_more_pass_right_after(admitted_job,
+                                                                        monkeypatch):
+    # Another worker asks for the job while this one's pass launches it: its
+    # ask finds the lock held. It used to be dropped, and a change it came
+    # for (an admission during the pass that queued the job) waited for the
+    # job's next due time; now the holder asks for one more pass at once,
+    # and only once.
+    asks = []
+    launch = memory_provider.MemoryProvider.launch
+
+    def launch_while_asked(self, request):
+        asks.append(reconcile_job_locked(admitted_job.id, timezone.now()))
+        return launch(self, request)
+
+    monkeypatch.setattr(memory_provider.MemoryProvider, "launch", launch_while_asked)
+    result = reconcile_job_locked(admitted_job.id, timezone.now())
+
+    assert asks == [None]  # the ask found the job held
+    assert result.requeue_after == 0.0 and "asked for again" in result.note
+    monkeypatch.setattr(memory_provider.MemoryProvider, "launch", launch)
+    after = reconcile_job_locked(admitted_job.id, timezone.now())
+    assert "asked for again" not in after.note
+
+
+def test_a_cluster_asked_for_during_its_pass_is_left_to_the_next_sweep(db, monkeypatch):
+    cluster = memory_cluster()
+    asks = []
+    list_nodes = memory_provider.MemoryProvider.list_nodes
+
+    def list_while_asked(self, *args, **kwargs):
+        if not asks:
+            asks.append(reconcile_cluster_locked(cluster.id, timezone.now()))
+        return list_nodes(self, *args, **kwargs)
+
+    monkeypatch.setattr(memory_provider.MemoryProvider, "list_nodes", list_while_asked)
+    result = reconcile_cluster_locked(cluster.id, timezone.now())
+
+    assert asks == [None]
+    assert "asked for again" not in result.note
