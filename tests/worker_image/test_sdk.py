@@ -4,6 +4,7 @@ HTTP server standing in for the control plane."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -124,6 +125,24 @@ def test_the_final_checkpoint_carries_the_exported_model_in_its_manifest(tmp_pat
     assert torch.equal(weights["0.weight"], dcp_state["model.0.weight"])
     config = json.loads((tmp_path / "ckpt" / "step-6" / "export" / "config.json").read_text())
     assert config == {"layers": [16, 32, 1]}
+
+
+def test_finish_frees_the_sdks_own_groups_and_leaves_the_programs_group_working(tmp_path):
+    """A gloo group alive at interpreter teardown can abort a run that
+    succeeded (SIGABRT, "terminate called without an active exception"):
+    its thread frees the tensors of the last collective and needs the GIL.
+    So `finish` frees the SDK's two groups, joining their threads then."""
+    run = Program(tmp_path, "finish", tmp_path / "ckpt", steps=4).wait()
+
+    assert run.proc.returncode == 0, run.log()[-3000:]
+    lines = [line for line in run.log().splitlines() if " finished, gloo threads " in line]
+    assert len(lines) == 2, run.log()[-3000:]
+    for line in lines:
+        before, after, total = map(int, re.findall(r"\d+", line.split("finished", 1)[1]))
+        # Three groups' threads before (the program's, the SDK's two); the
+        # program's alone after, and its collectives still go through.
+        assert before > 0 and after == before // 3, line
+        assert total == 2, line
 
 
 def test_it_reports_heartbeats_metrics_checkpoints_and_events_in_the_protocols_shapes(

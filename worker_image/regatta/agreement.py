@@ -40,8 +40,10 @@ NOTHING = (0, 0, 0, 0, 0)
 
 
 class Agreement:
-    def __init__(self, group) -> None:
-        self.group = group
+    def __init__(self, d) -> None:
+        # The group is read from `d` at each round, never kept: `Dist.leave`
+        # frees it when the run ends.
+        self.d = d
         self._inflight: tuple[torch.Tensor, object] | None = None
 
     def exchange(self, flags: list[int]) -> tuple[int, ...]:
@@ -50,7 +52,8 @@ class Agreement:
         per step boundary."""
         agreed = self._collect()
         tensor = torch.tensor(flags, dtype=torch.int64)
-        work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+        work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.d.control_group,
+                               async_op=True)
         self._inflight = (tensor, work)
         return agreed
 
@@ -84,7 +87,7 @@ class Directives:
 
     def __init__(self, d, reporter, checkpoint_every: int) -> None:
         self.d, self.reporter = d, reporter
-        self.agreement = Agreement(d.control_group)
+        self.agreement = Agreement(d)
         self.checkpoint_every = checkpoint_every
         self.served_requests: set[str] = set()
         self.sigterm = False

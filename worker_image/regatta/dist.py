@@ -14,7 +14,7 @@ from regatta import contract as c
 from regatta.contract import EXIT_CODE_ERROR, EXIT_COLLECTIVE
 
 
-@dataclass(frozen=True)
+@dataclass
 class Dist:
     rank: int
     world_size: int
@@ -26,6 +26,27 @@ class Dist:
     # CPU tensors, so reading its result never waits for the GPU, and apart
     # from ckpt_group, whose collectives DCP runs from its own thread.
     control_group: object
+
+    def leave(self) -> None:
+        """Free the SDK's two groups once the run is over (every rank, past
+        its last collective on them): their gloo threads are joined here,
+        while the interpreter is whole.
+
+        A gloo group still alive at interpreter teardown aborts a run that
+        succeeded, now and then ("terminate called without an active
+        exception", SIGABRT): its worker thread drops the tensors of the
+        collective that just completed, their Python objects need the GIL,
+        and a finalizing interpreter ends any thread that asks for it. The
+        threads stop only when the C++ group is freed, so the references
+        go too; the program's own default group stays its to destroy.
+        """
+        for name in ("ckpt_group", "control_group"):
+            group = getattr(self, name)
+            # Unregistered already if the program destroyed the default group
+            # first; dropping the reference is enough then.
+            if group is not None and dist.is_initialized():
+                dist.destroy_process_group(group)
+            setattr(self, name, None)
 
 
 def init(startup_timeout_s: float) -> Dist:

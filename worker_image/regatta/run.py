@@ -442,11 +442,13 @@ class Run:
 
     def finish(self, step: int | None = None) -> None:
         """The run succeeded: commit what is pending, send `finished`, write
-        the status file (exit 0) and stop reporting."""
+        the status file (exit 0), stop reporting and free the SDK's process
+        groups (the program's default group is left to it)."""
         self.settle()
         step = self.step if step is None else step
         self._main_event("finished", f"finished at step {step}", {"step": step})
         self.close(EXIT_OK, None, step)
+        self.d.leave()
 
     def preempted(self, step: int | None = None) -> int:
         """After the emergency checkpoint: the `emergency_checkpoint` event,

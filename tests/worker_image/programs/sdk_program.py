@@ -15,6 +15,7 @@ import regatta.preemption
 
 regatta.preemption.install()  # before torch: see regatta/preemption.py
 
+import glob  # noqa: E402
 import os  # noqa: E402
 import time  # noqa: E402
 
@@ -66,8 +67,13 @@ def main() -> None:
             save(run, step, state, model, emergency=True)
             run.exit_preempted(step)
     save(run, STEPS, state, model, emergency=False, final=True)
+    before = gloo_threads()
     run.finish(STEPS)
-    say(f"rank {run.rank} finished")
+    # The program's own group still serves it after the run is over.
+    total = torch.ones(1)
+    torch.distributed.all_reduce(total)
+    say(f"rank {run.rank} finished, gloo threads {before} then {gloo_threads()}, "
+        f"sum {int(total.item())}")
     run_exit()
 
 
@@ -99,6 +105,18 @@ def save(run, step, state, model, *, emergency: bool, final: bool = False) -> No
     export = regatta.Export(model, {"layers": [16, 32, 1]}) if final else None
     rank_state = None if MODE == "stateless" else {"rng": torch.get_rng_state()}
     run.checkpoint(step, state, rank_state=rank_state, export=export)
+
+
+def gloo_threads() -> int:
+    """This process's gloo worker threads (two per group), by the name torch gives them."""
+    names = []
+    for comm in glob.glob("/proc/self/task/*/comm"):
+        try:
+            with open(comm) as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:  # a thread that ended meanwhile
+            pass
+    return names.count("pt_gloo_runloop")
 
 
 def run_exit() -> None:
