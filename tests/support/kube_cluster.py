@@ -1,5 +1,6 @@
-"""A real Kubernetes control plane for the suite (testcluster/), once per
-test session, in the suite's state folder on free loopback ports.
+"""A real Kubernetes control plane for the suite (testcluster/), started
+once per test session by the first test that uses it and stopped after the
+last, in the suite's state folder on free loopback ports.
 
 `kube` starts etcd, kube-apiserver (Node,RBAC, ServiceAccount tokens),
 kube-scheduler, kube-controller-manager, kwok, the Kubeflow
@@ -294,8 +295,15 @@ def _shared_file_system(core: k8s.CoreV1Api) -> None:
         what="the checkpoint claim to bind")
 
 
-@pytest.fixture(scope="session")
-def kube():
+# The cluster, once started: the first test that asks for it starts it, and
+# it stops as soon as the next test on this worker is not one of its group
+# (pytest_runtest_teardown). Its tests run together (the group is one
+# pytest-xdist scope, and last without xdist), so it starts once; idle, its
+# nine processes would otherwise spend CPU for the rest of the session.
+_running: list[KubeWorld] = []
+
+
+def _start() -> KubeWorld:
     reason = _why_unavailable()
     if reason is not None:
         pytest.fail(f"CI must run the real-cluster tests: {reason}", pytrace=False)
@@ -309,12 +317,38 @@ def kube():
                           regatta_kubeconfig=bootstrap.regatta_kubeconfig(cluster),
                           fleet=Fleet(admin))
         _shared_file_system(world.core)
-        yield world
-    finally:
-        # The informers a provider made for it (for_cluster) stop first:
-        # they would otherwise ask the stopped server until the process ends.
-        stop_all()
+    except BaseException:
         cluster.down()
+        raise
+    return world
+
+
+def _stop() -> None:
+    if not _running:
+        return
+    world = _running.pop()
+    # The informers a provider made for it (for_cluster) stop first:
+    # they would otherwise ask the stopped server until the process ends.
+    stop_all()
+    world.cluster.down()
+
+
+@pytest.fixture
+def kube() -> KubeWorld:
+    """The session's cluster (started by the first test of its group)."""
+    if not _running:
+        _running.append(_start())
+    return _running[0]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    if _running and (nextitem is None or not _uses_cluster(nextitem)):
+        _stop()
+
+
+def pytest_sessionfinish(session):
+    _stop()
 
 
 @pytest.fixture
