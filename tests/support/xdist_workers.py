@@ -14,12 +14,20 @@ any conftest is imported. Without xdist it does nothing.
   (modulo 16) on the same server. Without one, each worker starts the
   embedded Redis in its own folder. PostgreSQL needs nothing here:
   pytest-django gives each worker its own test database.
-- `--dist loadfile`: a test file goes to one worker, except that every
-  test of the real Kubernetes cluster goes to one worker, and every test of
-  the real Slurm to one, so each is started once in the run rather than on
-  every worker (tests/support/kube_cluster.py, tests/support/
-  slurm_cluster.py). Scopes are handed out largest first, so the real
-  clusters' tests start early beside the rest.
+- `--dist loadfile`: a test file goes to one worker, except that the real
+  clusters' tests go to one worker together (tests/support/kube_cluster.py,
+  tests/support/slurm_cluster.py): each cluster is started once in the run,
+  and never beside the other. Their tests mostly wait on the clusters'
+  daemons, so two workers on them at once left much of the machine idle;
+  on one, the other worker keeps the CPU busy meanwhile.
+- Scopes are handed out costliest first, by an estimate from their marks
+  (SLOW_S for a test marked slow, FAST_S for any other: the means of a full
+  run), so the files of long end-to-end tests start early and the run ends
+  on short ones. Handed out by count (xdist's order), single-test files of a
+  minute or two came last, and one worker ran them while the other sat idle.
+  Where the Kubernetes cluster's binaries are still building (a cold
+  machine), its tests are a scope of their own, handed out last, so that no
+  worker waits on the build while other files are left.
 """
 
 import json
@@ -44,16 +52,31 @@ if _worker:
         os.environ.pop("REDIS_URL", None)
 
 
-# The real clusters' tests, by the fixture that starts each cluster.
-_CLUSTERS = (("kube", "real-kubernetes"), ("slurm", "real-slurm"))
+# The real clusters' tests, by the fixture that starts each cluster: one
+# scope for both.
+_CLUSTERS = ("kube", "slurm")
+_CLUSTER_SCOPE = "real-clusters"
+_KUBE_WHILE_BUILDING = "real-kubernetes-after-its-build"
+# Estimated seconds per test, from a full run's durations (2,636 tests):
+# those marked slow averaged 10 s, the rest 0.25 s.
+SLOW_S = 10.0
+FAST_S = 0.25
 # Where gw0 writes, for the controller's scheduler, which test files need a
-# real cluster: only a worker collects, and only the controller schedules.
+# real cluster and what each scope is estimated to cost: only a worker
+# collects, and only the controller schedules.
 _GROUPS_ENV = "REGATTA_XDIST_GROUPS"
 
 
 def _cluster(item) -> str | None:
     names = getattr(item, "fixturenames", ())
-    return next((group for fixture, group in _CLUSTERS if fixture in names), None)
+    return next((fixture for fixture in _CLUSTERS if fixture in names), None)
+
+
+def _kube_building() -> bool:
+    from testcluster import build
+
+    folder = build.bin_dir()
+    return not build.binaries_present(folder) and build.building_now(folder)
 
 
 def pytest_configure(config):
@@ -67,34 +90,51 @@ def pytest_collection_modifyitems(config, items):
     target = os.environ.get(_GROUPS_ENV)
     if _worker != "gw0" or not target:
         return
-    groups = {}
+    building = _kube_building()
+    scopes, costs = {}, {}
     for item in items:
-        group = _cluster(item)
-        if group:
-            groups[item.nodeid.split("::", 1)[0]] = group
+        path = item.nodeid.split("::", 1)[0]
+        cluster = _cluster(item)
+        if cluster:
+            scopes[path] = (_KUBE_WHILE_BUILDING if cluster == "kube" and building
+                            else _CLUSTER_SCOPE)
+        scope = scopes.get(path, path)
+        costs[scope] = costs.get(scope, 0.0) + (
+            SLOW_S if item.get_closest_marker("slow") else FAST_S)
+    if _KUBE_WHILE_BUILDING in costs:
+        costs[_KUBE_WHILE_BUILDING] = -1.0
     tmp = Path(f"{target}.tmp")
-    tmp.write_text(json.dumps(groups))
+    tmp.write_text(json.dumps({"scopes": scopes, "costs": costs}))
     tmp.replace(target)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadfile`, except that the files of each real cluster's tests
-    go to one worker together, so each cluster is started once in the run.
-    (pytest-xdist's `loadgroup` would say this with marks, but it renames
-    test ids through an attribute pytest 9 no longer reads.)"""
+    """`--dist loadfile`, except that the real clusters' files go to one
+    worker together, and scopes go out costliest first. (pytest-xdist's
+    `loadgroup` would say the first with marks, but it renames test ids
+    through an attribute pytest 9 no longer reads.)"""
     target = os.environ.get(_GROUPS_ENV)
     if not target:
         return None
     from xdist.scheduler import LoadFileScheduling
 
     class ByFileAndCluster(LoadFileScheduling):
-        groups: dict[str, str] | None = None
+        plan: dict | None = None
+
+        def _read_plan(self) -> dict:
+            if self.plan is None:  # written before gw0 reported its collection
+                self.plan = json.loads(Path(target).read_text())
+            return self.plan
 
         def _split_scope(self, nodeid: str) -> str:
-            if self.groups is None:  # written before gw0 reported its collection
-                self.groups = json.loads(Path(target).read_text())
             path = super()._split_scope(nodeid)
-            return self.groups.get(path, path)
+            return self._read_plan()["scopes"].get(path, path)
+
+        def _assign_work_unit(self, node) -> None:
+            costs = self._read_plan()["costs"]
+            costliest = max(self.workqueue, key=lambda scope: costs.get(scope, 0.0))
+            self.workqueue.move_to_end(costliest, last=False)
+            super()._assign_work_unit(node)
 
     return ByFileAndCluster(config, log)
