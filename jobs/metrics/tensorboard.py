@@ -7,6 +7,10 @@ point with the point's step and wall time. tensorboardX supplies the
 protobuf classes and the record checksum (native CRC32C through the `crc32c`
 package); its SummaryWriter is not used, because it writes to a file from a
 background thread and the API streams the bytes as they are made instead.
+tensorboardX is imported by the export alone: its package imports torch
+wherever torch is installed (its SummaryWriter takes tensors), which cost
+every web, worker and manage.py process of a machine with the local fleet
+2 to 4 CPU-seconds and some 300 MB, for an export few requests ask for.
 
 Every raw point goes in, not the charts' downsampled series, one metric
 after the other, each in step order: the points that speak for the job
@@ -20,14 +24,14 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Iterator
-
-from tensorboardX.proto.event_pb2 import Event
-from tensorboardX.proto.summary_pb2 import Summary
-from tensorboardX.record_writer import masked_crc32c
+from typing import TYPE_CHECKING
 
 from jobs.metrics.models import MetricName
 from jobs.metrics.series import effective_points_of, plan
 from jobs.models import TrainingJob
+
+if TYPE_CHECKING:
+    from tensorboardX.proto.event_pb2 import Event
 
 FILE_VERSION = "brain.Event:2"
 _CHUNK_ROWS = 20_000
@@ -36,6 +40,8 @@ _PIECE = 1 << 16
 
 
 def record(event: Event) -> bytes:
+    from tensorboardX.record_writer import masked_crc32c
+
     data = event.SerializeToString()
     header = struct.pack("<Q", len(data))
     return b"".join((header, struct.pack("<I", masked_crc32c(header)), data,
@@ -63,6 +69,9 @@ def _points(job_id: int, name: str) -> Iterator[tuple[int, float, float]]:
 
 def events(job: TrainingJob, now: float | None = None) -> Iterator[bytes]:
     """The event file's bytes, in pieces of about 64 KiB."""
+    from tensorboardX.proto.event_pb2 import Event
+    from tensorboardX.proto.summary_pb2 import Summary
+
     piece = [record(Event(wall_time=now or time.time(), step=0, file_version=FILE_VERSION))]
     size = len(piece[0])
     names = MetricName.objects.filter(job=job).order_by("name").values_list("name", flat=True)

@@ -51,3 +51,37 @@ def test_the_control_plane_imports_and_exports_without_torch():
                             text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     assert int(result.stdout.split("modules")[1]) > 100
+
+
+WALK_WITH_TORCH = r'''
+import importlib, os, pkgutil, sys, tempfile
+os.environ["DJANGO_SETTINGS_MODULE"] = "controlplane.settings"
+os.environ["REGATTA_STATE_DIR"] = tempfile.mkdtemp()
+import django
+django.setup()
+importers = []
+for package in ("controlplane", "accounts", "clusters", "jobs", "checkpoints", "notifications",
+                "frontend", "cli"):
+    root = importlib.import_module(package)
+    for info in pkgutil.walk_packages(root.__path__, package + "."):
+        before = "torch" in sys.modules
+        importlib.import_module(info.name)
+        if not before and "torch" in sys.modules:
+            importers.append(info.name)
+print("torch imported by:", ", ".join(importers) or "none")
+'''
+
+
+@pytest.mark.slow
+def test_no_control_plane_module_imports_torch_where_it_is_installed():
+    """Where the local fleet's torch is installed beside the control plane
+    (./run, this suite), web, worker, beat and every manage.py command
+    would pay its import (2 to 4 CPU-seconds, some 300 MB) if any module
+    pulled it in: tensorboardX's package did, through the metrics export."""
+    import importlib.util
+
+    assert importlib.util.find_spec("torch") is not None  # the suite's virtualenv has it
+    result = subprocess.run([sys.executable, "-c", WALK_WITH_TORCH], cwd=ROOT,
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "torch imported by: none", result.stdout
