@@ -80,8 +80,9 @@ run: demo
 # redis-server and its socket), so it never shares one with a running
 # `make run`. Set REGATTA_STATE_DIR to put it elsewhere (.ci/run does).
 # The whole suite runs on TEST_WORKERS pytest-xdist workers (default 2), a
-# test file to a worker and the real clusters' tests each on one (tests/
-# support/xdist_workers.py); TEST_WORKERS=1 runs it in this process.
+# test file to a worker, the real clusters' tests together on one, the
+# costliest files first (tests/support/xdist_workers.py); TEST_WORKERS=1
+# runs it in this process.
 TEST_WORKERS ?= 2
 test: export REGATTA_STATE_DIR ?= $(CURDIR)/.regatta/test
 test: install kube-build-if-go
@@ -119,8 +120,8 @@ kube-build: install
 
 # Where Go is installed and the binaries are missing, `make test` starts
 # their build in the background (log beside them in the cache): the suite
-# runs meanwhile, and its real-cluster tests, which run last, wait for the
-# build. Without Go they skip (CI=true makes them fail instead).
+# runs meanwhile, and its real-Kubernetes tests, handed out last then, wait
+# for the build. Without Go they skip (CI=true makes them fail instead).
 kube-build-if-go: install
 	@if command -v go >/dev/null || [ -x /usr/local/go/bin/go ]; then \
 		$(PY) -m testcluster build --background; \

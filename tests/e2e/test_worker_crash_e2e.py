@@ -133,8 +133,13 @@ def test_ranks_launched_by_a_worker_killed_before_recording_them_are_adopted(
             # booked as a hang.
             fleet_env.wait("the adopted ranks' reports accepted", reports_still_accepted,
                            timeout=60, job=job)
-            job.refresh_from_db()
-            assert job.phase == Phase.RUNNING
+
+            # The job's own pass (on the second worker, every sweep) books
+            # the first step it sees; reports are accepted by the web before.
+            def running():
+                job.refresh_from_db()
+                return job.phase == Phase.RUNNING
+            fleet_env.wait("the job running on the adopted ranks", running, timeout=60, job=job)
             assert not job.events.filter(kind__in=["Restarting", "Failed", "NodeFailed"])
             for node in range(2):
                 out = (Path(ref["dir"]) / f"node-{node}" / "stdout.log").read_text()
