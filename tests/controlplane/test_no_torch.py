@@ -11,23 +11,33 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-SCRIPT = r'''
+# Django set up; `modules()` imports every module of the control plane in
+# turn and yields each name once it is imported.
+WALK = r'''
 import importlib, os, pkgutil, sys, tempfile
-from pathlib import Path
-
-import pytest
-sys.modules["torch"] = None  # any `import torch` now raises ImportError
 os.environ["DJANGO_SETTINGS_MODULE"] = "controlplane.settings"
 os.environ["REGATTA_STATE_DIR"] = tempfile.mkdtemp()
 import django
 django.setup()
-seen = 0
-for package in ("controlplane", "accounts", "clusters", "jobs", "checkpoints", "notifications",
-                "frontend", "cli"):
-    root = importlib.import_module(package)
-    for info in pkgutil.walk_packages(root.__path__, package + "."):
-        importlib.import_module(info.name)
-        seen += 1
+
+
+def modules():
+    for package in ("controlplane", "accounts", "clusters", "jobs", "checkpoints",
+                    "notifications", "frontend", "cli"):
+        root = importlib.import_module(package)
+        for info in pkgutil.walk_packages(root.__path__, package + "."):
+            importlib.import_module(info.name)
+            yield info.name
+'''
+
+SCRIPT = r'''
+import sys
+sys.modules["torch"] = None  # any `import torch` now raises ImportError
+''' + WALK + r'''
+from pathlib import Path
+
+import pytest
+seen = sum(1 for _ in modules())
 from regatta import manifest as mf
 from regatta.storage import open_storage
 from checkpoints.export import _copy, exported_files
@@ -53,21 +63,13 @@ def test_the_control_plane_imports_and_exports_without_torch():
     assert int(result.stdout.split("modules")[1]) > 100
 
 
-WALK_WITH_TORCH = r'''
-import importlib, os, pkgutil, sys, tempfile
-os.environ["DJANGO_SETTINGS_MODULE"] = "controlplane.settings"
-os.environ["REGATTA_STATE_DIR"] = tempfile.mkdtemp()
-import django
-django.setup()
+WALK_WITH_TORCH = WALK + r'''
 importers = []
-for package in ("controlplane", "accounts", "clusters", "jobs", "checkpoints", "notifications",
-                "frontend", "cli"):
-    root = importlib.import_module(package)
-    for info in pkgutil.walk_packages(root.__path__, package + "."):
-        before = "torch" in sys.modules
-        importlib.import_module(info.name)
-        if not before and "torch" in sys.modules:
-            importers.append(info.name)
+before = False
+for name in modules():
+    if not before and "torch" in sys.modules:
+        importers.append(name)
+    before = "torch" in sys.modules
 print("torch imported by:", ", ".join(importers) or "none")
 '''
 
