@@ -158,8 +158,13 @@ def test_a_node_whose_node_object_vanished_is_still_replaced(aws, fleet):  # noq
     old = Node.objects.filter(cluster=cluster, is_spare=False).order_by("name").first()
     fleet["world"].core.delete_node(old.name)
 
-    reconcile_cluster_unlocked(cluster.id, later(now, 1))
-    old.refresh_from_db()
+    def noted():
+        # The deletion reaches the pass through the node informer's watch.
+        reconcile_cluster_unlocked(cluster.id, later(now, 1))
+        old.refresh_from_db()
+        return old.not_ready_since is not None
+
+    eventually(noted, timeout=30, interval=0.2, what="the pass to see the Node gone")
     assert old.state == Node.State.READY  # not ready for a moment is no failure yet
     before = group_instances(aws, fleet["group"])
     assert len(before) == 3 and instance_id(old.provider_id) in before

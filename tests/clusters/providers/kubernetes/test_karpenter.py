@@ -188,13 +188,22 @@ def test_a_karpenter_pool_keeps_its_size_across_three_replacements(db, kube_worl
         victim = working(cluster)[0] if round_ == 0 else karpenter.launched[-1]
         failing(kube_world, victim)
         now = later(now, 30)
-        reconcile_cluster_unlocked(cluster.id, now)  # cordoned, replaced: a capacity pod asks
-        assert Node.objects.get(name=victim).state == Node.State.REPLACED
+
+        def replaced(at=now, victim=victim):
+            # The condition reaches the pass through the node informer's watch.
+            reconcile_cluster_unlocked(cluster.id, at)  # cordoned, replaced: a capacity pod asks
+            return Node.objects.get(name=victim).state == Node.State.REPLACED
+
+        eventually(replaced, timeout=30, interval=0.2, what=f"the pass to replace {victim}")
         assert victim not in node_names(kube_world)
         karpenter.launch_for_pending()  # a node for the pending pod, which the scheduler binds
         now = later(now, 30)
-        reconcile_cluster_unlocked(cluster.id, now)  # Karpenter's node joins by its labels
-        assert len(working(cluster)) == 2, round_
+
+        def joined(at=now):
+            reconcile_cluster_unlocked(cluster.id, at)  # Karpenter's node joins by its labels
+            return len(working(cluster)) == 2
+
+        eventually(joined, timeout=30, interval=0.2, what=f"round {round_}'s node to join")
         assert karpenter.launched[round_] in working(cluster)
 
     assert len(karpenter.launched) == 3

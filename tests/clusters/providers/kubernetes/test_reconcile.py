@@ -156,7 +156,13 @@ def test_a_nodes_new_dcgm_failure_on_a_later_sweep_is_a_new_event(db, kube_world
         "type": "AcceleratedHardwareReady", "status": "False", "reason": "DCGMDiagFailure",
         "message": "diag level 2", "lastHeartbeatTime": "2026-01-03T00:00:00Z",
         "lastTransitionTime": "2026-01-03T00:00:00Z"}]}})
-    reconcile_cluster_unlocked(cluster.id, later(now, 10))
+
+    def noted():
+        # The condition reaches the pass through the node informer's watch.
+        reconcile_cluster_unlocked(cluster.id, later(now, 10))
+        return NodeHealthEvent.objects.filter(node__name=n1).exists()
+
+    eventually(noted, timeout=30, interval=0.2, what="the pass to see the condition")
     (event,) = NodeHealthEvent.objects.filter(node__name=n1)
     assert (event.kind, event.severity) == ("dcgm", "critical")
     # Keyed by the spell Regatta saw begin, not by the condition's
