@@ -34,12 +34,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = "REGATTA_SUITE_CPU_DIR"
-# The real clusters' daemons (testcluster/, slurmcluster/), by process name
-# (/proc/PID/comm, at most 15 characters).
-DAEMONS = frozenset({
-    "kube-apiserver", "etcd", "kube-controller", "kube-scheduler", "kwok", "kueue",
-    "training-operat", "jobset", "trainer-control", "slurmctld", "slurmd", "slurmdbd",
-    "slurmrestd", "munged", "mariadbd"})
+
+
+def daemon_names() -> frozenset[str]:
+    """The real clusters' daemons as /proc/PID/comm names them (cut to 15
+    characters): the binaries testcluster/ builds and slurmcluster/ starts."""
+    sys.path.insert(0, str(ROOT))
+    from slurmcluster.cluster import DAEMONS
+    from testcluster.build import COMPONENTS
+
+    return frozenset(name[:15] for name in [*(c.name for c in COMPONENTS), *DAEMONS])
 
 
 # -- cgroups -----------------------------------------------------------------------------------
@@ -123,11 +127,12 @@ def pytest_sessionfinish(session) -> None:
 
 def _move_daemons(workers: Path, daemons: Path, stop: threading.Event) -> None:
     """Move the clusters' daemons out of the worker that started them."""
+    names = daemon_names()
     while not stop.wait(1.0):
         for procs in workers.glob("gw*/cgroup.procs"):
             for pid in procs.read_text().split():
                 try:
-                    if Path(f"/proc/{pid}/comm").read_text().strip() in DAEMONS:
+                    if Path(f"/proc/{pid}/comm").read_text().strip() in names:
                         join(daemons, int(pid))
                 except OSError:
                     pass  # gone meanwhile
