@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 from django.db import connection
+from regatta.node import standby
 
 from clusters.models import Cluster, NodePool
-from clusters.providers import get_provider
+from clusters.providers import get_provider, pool_info
 from clusters.reconcile import reconcile_cluster_unlocked
 from jobs.models import JobAttempt, Quota, Team, TrainingJob
 from tests.support.waiting import eventually
@@ -56,7 +57,7 @@ class Fleet:
         self.root = root
         self.live_url = live_url
 
-    def cluster(self, name="e2e", size=2, spares=1, **settings) -> Cluster:
+    def cluster(self, name="e2e", size=2, spares=1, warm=True, **settings) -> Cluster:
         cluster = Cluster.objects.create(
             name=name, provider=Cluster.Provider.LOCAL,
             settings={"fleet_dir": str(self.root / "fleet"), "preflight": False,
@@ -67,7 +68,27 @@ class Fleet:
         NodePool.objects.create(cluster=cluster, name="cpu", gpus_per_node=1, size=size,
                                 spare_count=spares)
         reconcile_cluster_unlocked(cluster.id)
+        if warm:
+            self.warm(cluster)
         return cluster
+
+    def warm(self, cluster):
+        """Warm standbys on every ready node and wait for them, as `./run`
+        warms its idle fleet before the first job (regatta_up's
+        `_warm_fleet`): the first launch forks its agent and ranks from
+        them, as every relaunch does, instead of importing torch twice per
+        node and a standby after. The cold launch has tests of its own
+        (tests/clusters/providers/local/test_standby.py)."""
+        if standby.unavailable():
+            return  # every launch goes cold here
+        provider = get_provider(cluster)
+        nodes = []
+        for pool in cluster.pools.all():
+            names = [n.name for n in pool.nodes.filter(state="ready").order_by("name")]
+            provider.hold_spares(pool_info(pool), names)
+            nodes += names
+        self.wait("the fleet's standbys ready", lambda: all(
+            standby.state(provider.root, n) == "ready" for n in nodes))
 
     def submit(self, cluster, name="train", nodes=2, team="vision", gpus=8, **trainer):
         team_row, created = Team.objects.get_or_create(name=team)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import re
 import shlex
@@ -228,7 +227,7 @@ class Command(BaseCommand):
                             if n.id not in busy]
                     # A starting standby is left alone by `ensure`, so the
                     # first WARM_AT_ONCE not ready yet are those starting.
-                    cold = [n for n in idle if _standby_state(provider.root, n) != "ready"]
+                    cold = [n for n in idle if standby.state(provider.root, n) != "ready"]
                     if cold:
                         provider.hold_spares(pool_info(pool), cold[:WARM_AT_ONCE])
         except Exception as exc:  # noqa: BLE001 - cold launches still work
@@ -362,15 +361,6 @@ class Command(BaseCommand):
         for _, proc in self.procs:
             _signal_group(proc, signal.SIGKILL)  # stragglers of a group leader gone first
         self._say("stopped.")
-
-
-def _standby_state(fleet: Path, node: str) -> str:
-    """A node's standby as its own record says: "starting", "ready", or ""."""
-    try:
-        return json.loads((standby.standby_dir(fleet, node) / standby.INFO).read_text()).get(
-            "state", "")
-    except (OSError, ValueError):
-        return ""
 
 
 def _newest_event() -> int:

@@ -129,6 +129,12 @@ def _info(folder: Path) -> dict:
     return read_json(folder / INFO, {})
 
 
+def state(fleet: Path, node: str) -> str:
+    """A node's standby as its own record says: "starting", "ready",
+    "unavailable", or "" (none started)."""
+    return _info(standby_dir(fleet, node)).get("state", "")
+
+
 def _alive(info: dict) -> bool:
     return procs.is_running(info.get("pid"), info.get("starttime"))
 
