@@ -286,7 +286,11 @@ def _wait_for_launch(sock: socket.socket, folder: Path) -> dict | None:
                     continue
                 # Off the books before answering: from "ok" on this process
                 # is the node's launcher, and the provider may start the
-                # node's next standby at once.
+                # node's next standby at once. Tagged with the attempt
+                # before it too: from "ok" on, a stop of the attempt must
+                # find this process among its own, and a stop of the idle
+                # standbys must not count it among them.
+                procs.tag_self(task["env"])
                 (folder / INFO).unlink(missing_ok=True)
                 conn.sendall(b"ok")
             except OSError:
