@@ -26,8 +26,8 @@ def test_the_whole_product_runs_its_flow_on_one_machine(tmp_path):
     env = {k: v for k, v in os.environ.items()
            if k not in ("DATABASE_URL", "REDIS_URL", "REGATTA_PUBLIC_URL", "REGATTA_BIND")}
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--allow-cpu", "--model", "tiny", "--steps", "200",
-         "--checkpoint-every", "50", "--state", str(tmp_path / "state"),
+        [sys.executable, str(SCRIPT), "--allow-cpu", "--model", "tiny", "--steps", "100",
+         "--checkpoint-every", "25", "--state", str(tmp_path / "state"),
          "--out", str(tmp_path / "out")],
         env=env, capture_output=True, text=True, timeout=700)
 
@@ -38,5 +38,5 @@ def test_the_whole_product_runs_its_flow_on_one_machine(tmp_path):
     assert checks == dict.fromkeys(
         ["live metrics", "checkpoints", "node replaced", "resumed", "succeeded",
          "exported model", "backend", "stopped"], True), report
-    assert result["figures"]["final_step"] == 200
+    assert result["figures"]["final_step"] == 100
     assert result["figures"]["backends"] == ["gloo"]

@@ -57,7 +57,7 @@ class Fleet:
         self.root = root
         self.live_url = live_url
 
-    def cluster(self, name="e2e", size=2, spares=1, warm=True, **settings) -> Cluster:
+    def cluster(self, name="e2e", size=2, spares=1, **settings) -> Cluster:
         cluster = Cluster.objects.create(
             name=name, provider=Cluster.Provider.LOCAL,
             settings={"fleet_dir": str(self.root / "fleet"), "preflight": False,
@@ -68,8 +68,7 @@ class Fleet:
         NodePool.objects.create(cluster=cluster, name="cpu", gpus_per_node=1, size=size,
                                 spare_count=spares)
         reconcile_cluster_unlocked(cluster.id)
-        if warm:
-            self.warm(cluster)
+        self.warm(cluster)
         return cluster
 
     def warm(self, cluster):
