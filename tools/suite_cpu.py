@@ -39,7 +39,8 @@ ENV = "REGATTA_SUITE_CPU_DIR"
 def daemon_names() -> frozenset[str]:
     """The real clusters' daemons as /proc/PID/comm names them (cut to 15
     characters): the binaries testcluster/ builds and slurmcluster/ starts."""
-    sys.path.insert(0, str(ROOT))
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
     from slurmcluster.cluster import DAEMONS
     from testcluster.build import COMPONENTS
 
@@ -88,6 +89,7 @@ def machine_busy() -> float:
 _records: list[tuple[str, float, float, float]] = []
 _started: dict[str, tuple[float, float, float]] = {}
 _group: Path | None = None
+_worker = ""
 
 
 def _now() -> tuple[float, float, float]:
@@ -95,11 +97,16 @@ def _now() -> tuple[float, float, float]:
 
 
 def pytest_configure(config) -> None:
-    global _group
+    global _group, _worker
     where = os.environ.get(ENV)
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    # A worker by xdist's own word, not by PYTEST_XDIST_WORKER: a run
+    # started from inside a worker (this tool's own test) inherits that
+    # variable in its controller, which would then charge the tests that
+    # its workers report to its own cgroup.
+    worker = getattr(config, "workerinput", {}).get("workerid")
     if not where or not worker:
         return  # the controller: the workers run the tests
+    _worker = worker
     _group = Path(where) / worker
     _group.mkdir(exist_ok=True)
     join(_group, os.getpid())
@@ -119,7 +126,7 @@ def pytest_runtest_logfinish(nodeid, location) -> None:
 
 def pytest_sessionfinish(session) -> None:
     if _group is not None:
-        out = Path(os.environ[ENV + "_OUT"]) / f"{os.environ['PYTEST_XDIST_WORKER']}.json"
+        out = Path(os.environ[ENV + "_OUT"]) / f"{_worker}.json"
         out.write_text(json.dumps({"tests": _records, "cgroup_s": cpu_seconds(_group)}))
 
 
