@@ -93,6 +93,17 @@ class Run:
     def kill(self) -> None:
         kill_tree(self.proc)
 
+    def dump_stacks(self) -> None:
+        """Every thread's Python stack of every rank, into the log: SIGABRT
+        fires faulthandler (PYTHONFAULTHANDLER, set for every launch here),
+        which writes them before the rank dies. For a run that hung."""
+        for pid in self.ranks():
+            try:
+                os.kill(pid, signal.SIGABRT)
+            except ProcessLookupError:
+                pass
+        time.sleep(2)
+
 
 class RunExited(AssertionError):
     """The run ended before what a test waited for."""
@@ -129,8 +140,9 @@ class Launcher:
         try:
             run.wait(timeout)
         except subprocess.TimeoutExpired:
+            run.dump_stacks()
             run.kill()
-            raise AssertionError(f"run timed out:\n{run.log()[-3000:]}") from None
+            raise AssertionError(f"run timed out:\n{run.log()[-12000:]}") from None
         return run
 
     def cleanup(self) -> None:
@@ -240,9 +252,11 @@ class WarmTorchrun:
 
 def _launch_env(env: dict) -> dict:
     """A launch's environment: this one without Regatta's own variables, one
-    thread per rank, unbuffered output, then `env`."""
+    thread per rank, unbuffered output, faulthandler on (`Run.dump_stacks`),
+    then `env`."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("REGATTA_")}
-    return {**base, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env}
+    return {**base, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+            "PYTHONFAULTHANDLER": "1", **env}
 
 
 def start_torchrun(argv: list[str], env: dict, folder: Path, *, warm: bool = True):
