@@ -103,11 +103,20 @@ def cuda_device(local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def tighten_timeout(seconds: float) -> None:
+def tighten_timeout(seconds: float, d: Dist | None = None) -> None:
+    """The collective timeout after the first step, on the default group and
+    on `d`'s two: a checkpoint or agreement collective that a stuck peer
+    never joins then fails in `seconds` too, rather than after the start-up
+    timeout (30 min by default). Call it with no collective in flight."""
     # A private helper (torch >= 2.3); without it the start-up timeout stays.
     setter = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
-    if setter is not None:
-        setter(timedelta(seconds=seconds))
+    if setter is None:
+        return
+    timeout = timedelta(seconds=seconds)
+    setter(timeout)
+    for group in (d.ckpt_group, d.control_group) if d is not None else ():
+        if group is not None:
+            setter(timeout, group)
 
 
 def _free_port() -> int:

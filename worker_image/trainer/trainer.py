@@ -284,7 +284,7 @@ class Trainer:
             window_steps += 1
             self.run_.status(step=self.step)
             if first:
-                tighten_timeout(cfg.collective_timeout_s)
+                tighten_timeout(cfg.collective_timeout_s, d)
                 first = False
             if self.step % cfg.log_every_steps == 0 or self.step == cfg.max_steps:
                 # The host runs ahead of the GPU, so one step's wall time says
