@@ -103,7 +103,7 @@ def cuda_device(local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def tighten_timeout(seconds: float, d: Dist | None = None) -> None:
+def tighten_timeout(seconds: float, d: Dist) -> None:
     """The collective timeout after the first step, on the default group and
     on `d`'s two: a checkpoint or agreement collective that a stuck peer
     never joins then fails in `seconds` too, rather than after the start-up
@@ -113,10 +113,8 @@ def tighten_timeout(seconds: float, d: Dist | None = None) -> None:
     if setter is None:
         return
     timeout = timedelta(seconds=seconds)
-    setter(timeout)
-    for group in (d.ckpt_group, d.control_group) if d is not None else ():
-        if group is not None:
-            setter(timeout, group)
+    for group in (None, d.ckpt_group, d.control_group):  # None: the default group
+        setter(timeout, group)
 
 
 def _free_port() -> int:
