@@ -173,7 +173,7 @@ class Standby:
 
         if self.fleet is None:
             self.fleet = Path(tempfile.mkdtemp(prefix="regatta-test-standby-"))
-        standby.ensure(self.fleet, self.NODE, sys.executable, _launch_env({}))
+        standby.ensure(self.fleet, [self.NODE], sys.executable, _launch_env({}))
 
     def take(self, argv: list[str], env: dict, folder: Path) -> WarmTorchrun | None:
         from regatta.node import standby

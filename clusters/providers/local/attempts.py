@@ -28,8 +28,9 @@ from .environment import rank_environment
 
 LOG_TAIL_LINES = 40
 _LAUNCHER_START_S = 15.0
-# A node's next standby starts this long after a launch, once the gang's own
-# start-up (the same imports) no longer competes with it for the CPUs.
+# Where no standby of the fleet is ready to fork them from, the gang's nodes'
+# next standbys start this long after a launch, once the gang's own start-up
+# (the same imports) no longer competes with them for the CPUs.
 STANDBY_AFTER_LAUNCH_S = 5.0
 
 
@@ -103,9 +104,8 @@ def launch(fleet: Path, request: LaunchRequest, python: str = sys.executable,
     if standbys:
         # For the next launch on these nodes: a survivor of the next failure
         # restarts warm as the promoted spare does.
-        env = standby_environment()
-        for entry in ref["nodes"]:
-            standby.ensure(fleet, entry["node"], python, env, delay_s=STANDBY_AFTER_LAUNCH_S)
+        standby.ensure(fleet, [entry["node"] for entry in ref["nodes"]], python,
+                       standby_environment(), delay_s=STANDBY_AFTER_LAUNCH_S)
     return ref
 
 

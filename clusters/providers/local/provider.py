@@ -165,10 +165,7 @@ class LocalProvider:
         """Only Regatta places work on its nodes; a spare holds a warm standby."""
         if not self._standbys(pool) or self.environment_waiting():
             return
-        standby.renew_lease(self.root)
-        env = attempts.standby_environment()
-        for node in nodes:
-            standby.ensure(self.root, node, self.python, env)
+        standby.ensure(self.root, nodes, self.python, attempts.standby_environment())
 
     def stop_standbys(self) -> None:
         """End the idle standbys (Regatta stopping; running attempts are

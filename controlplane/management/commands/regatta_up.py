@@ -47,7 +47,6 @@ ALARM = re.compile(r"\b(WARNING|ERROR|CRITICAL)\b|^Traceback \(most recent call 
 CLIENT_ERROR = re.compile(r"\bWARNING django\.request\b")
 UP_TIMEOUT_S = 120.0
 WARM_EVERY_S = 5.0
-WARM_AT_ONCE = 2
 
 
 class Command(BaseCommand):
@@ -209,10 +208,9 @@ class Command(BaseCommand):
 
     def _warm_fleet(self) -> None:
         """Warm standbys on every idle node of the local fleet, so the first
-        job launches into processes that have imported torch already. A few
-        at a time, in the order a gang takes nodes: five torch imports at
-        once on two cores would delay the first two, and a job launched
-        meanwhile would compete with all five."""
+        job launches into processes that have imported torch already. One
+        torch import for the whole fleet: the first standby forks the
+        others' once its imports are done (regatta/node/standby.py)."""
         from clusters.providers import pool_info
         from jobs.admission import busy_node_ids
 
@@ -225,11 +223,9 @@ class Command(BaseCommand):
                 for pool in cluster.pools.all():
                     idle = [n.name for n in pool.nodes.filter(state="ready").order_by("name")
                             if n.id not in busy]
-                    # A starting standby is left alone by `ensure`, so the
-                    # first WARM_AT_ONCE not ready yet are those starting.
                     cold = [n for n in idle if standby.state(provider.root, n) != "ready"]
                     if cold:
-                        provider.hold_spares(pool_info(pool), cold[:WARM_AT_ONCE])
+                        provider.hold_spares(pool_info(pool), cold)
         except Exception as exc:  # noqa: BLE001 - cold launches still work
             self._alarm(f"could not start the fleet's warm standbys: {exc}")
         finally:

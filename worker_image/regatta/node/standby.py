@@ -1,7 +1,7 @@
 """A node's warm standby on the local fleet: Python started, torch, torchrun's
 agent, the SDK and the trainer imported, waiting for the node's next launch.
 
-    python -m regatta.node.standby --dir <fleet>/standby/<node> [--delay S]
+    python -m regatta.node.standby --dir <fleet>/standby/<node> [--delay S] [--also NODE ...]
 
 Nearly all of a relaunch is start-up: on a cold launch each node starts
 torchrun (Python, then `import torch`) and torchrun starts each rank (Python
@@ -9,6 +9,13 @@ and `import torch` again) before the gang can meet. A standby pays that
 before the failure. The provider keeps one on every ready spare
 (`hold_spares`) and, a few seconds after a launch, on each node of the gang,
 so that the survivors of a failure restart warm too.
+
+The fleet's nodes share one machine, so its standbys share one import: the
+first is started (`ensure`) and forks the others' once its imports are done
+(`--also`), and a node that needs one later gets a fork of any ready standby
+of the fleet born the same way (`_kin`). A forked standby takes its node's
+socket, folder, session and tags (`_settle`), so a kill of the node it was
+forked from leaves it alone, as it would a started one.
 
 A launch hands the node's standby its torchrun command line, environment and
 node folder over a Unix socket (`hand_over`); the standby answers "ok",
@@ -154,23 +161,81 @@ def _lease_expired(folder: Path) -> bool:
         return True
 
 
-def ensure(fleet: Path, node: str, python: str, env: dict, delay_s: float = 0.0) -> None:
-    """Start a standby on `node` unless one lives there. `env` is the birth
+def _kin(env: dict) -> str:
+    """What the standbys of one fleet share: their birth environment less the
+    node's name (a digest). A standby forks another node's for its kin only,
+    so a forked standby is born as a started one would be."""
+    rest = {k: str(v) for k, v in env.items() if k != procs.NODE_TAG}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _living(fleet: Path) -> dict[str, dict]:
+    """The fleet's live standbys' records, by node."""
+    found = {}
+    with contextlib.suppress(OSError):
+        for folder in (Path(fleet) / "standby").iterdir():
+            info = _info(folder) if folder.is_dir() else {}
+            if info and _alive(info):
+                found[folder.name] = info
+    return found
+
+
+def ensure(fleet: Path, nodes: list[str], python: str, env: dict, delay_s: float = 0.0) -> None:
+    """Start a standby on each of `nodes` that has none, with one torch import
+    for all of them: forked from a ready standby of the fleet born the same
+    way (`_kin`), else from one started on the first node, which forks the
+    others' once its imports are done (after `delay_s`). `env` is the birth
     environment; it carries the fleet's and the node's tags, so a node kill
-    takes its standby along. Returns once the standby has detached."""
+    takes its standby along. Returns once the standbys are forked, or the one
+    started has detached."""
     renew_lease(fleet)  # never started into a lease about to lapse
-    folder = standby_dir(fleet, node)
-    if _alive(_info(folder)) or unavailable():
+    if unavailable():
         return
+    birth = {**env, procs.FLEET_TAG: str(fleet)}
+    kin = _kin(birth)
+    living = _living(fleet)
+    coming = {n for info in living.values() if info.get("state") == "starting"
+              and info.get("kin") == kin and info.get("python") == python
+              for n in info.get("also", ())}
+    wanted = [n for n in dict.fromkeys(nodes) if n not in living and n not in coming]
+    if not wanted:
+        return
+    for node, info in living.items():
+        if (info.get("state") == "ready" and info.get("kin") == kin
+                and info.get("python") == python
+                and _ask(standby_dir(fleet, node), {"spawn": wanted})[0] == b"ok"):
+            return
+    first, others = wanted[0], wanted[1:]
+    folder = standby_dir(fleet, first)
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / "standby.err", "ab") as err:
-        first = subprocess.Popen(
-            [python, "-m", MODULE, "--dir", str(folder), "--delay", str(delay_s)],
-            env={**env, procs.FLEET_TAG: str(fleet), procs.NODE_TAG: node}, cwd=folder,
+        started = subprocess.Popen(
+            [python, "-m", MODULE, "--dir", str(folder), "--delay", str(delay_s),
+             *(["--also", *others] if others else [])],
+            env={**birth, procs.NODE_TAG: first}, cwd=folder,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
             start_new_session=True,
         )
-    first.wait(timeout=15)
+    started.wait(timeout=15)
+
+
+def _ask(folder: Path, task: dict) -> tuple[bytes, int]:
+    """Send the standby in `folder` a task: its answer ("ok", or "no: why";
+    b"" if none came) and its pid (0 if it could not be reached)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(ANSWER_TIMEOUT_S)
+        try:
+            sock.connect(address(folder))
+            peer, _, _ = struct.unpack("3i", sock.getsockopt(
+                socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        except OSError:
+            return b"", 0  # not listening: gone, or still importing
+        try:
+            sock.sendall(json.dumps(task).encode())
+            sock.shutdown(socket.SHUT_WR)
+            return sock.recv(64), peer
+        except OSError:
+            return b"", peer
 
 
 def hand_over(fleet: Path, node: str, node_dir: Path, argv: list[str], env: dict,
@@ -182,30 +247,14 @@ def hand_over(fleet: Path, node: str, node_dir: Path, argv: list[str], env: dict
     info = _info(folder)
     if info.get("state") != "ready" or info.get("python") != python or not _alive(info):
         return False
-    payload = json.dumps({"node_dir": str(node_dir), "argv": argv, "env": env}).encode()
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(ANSWER_TIMEOUT_S)
-        try:
-            sock.connect(address(folder))
-        except OSError:
-            return False  # not listening: gone, or still importing
-        try:
-            sock.sendall(payload)
-            sock.shutdown(socket.SHUT_WR)
-            answer = sock.recv(64)
-        except OSError:
-            answer = b""
-        if answer == b"ok":
-            return True
-        if not answer:
-            # It may have gone on without a word: it must not run beside the
-            # cold launch that follows.
-            pid, _, _ = struct.unpack("3i", sock.getsockopt(
-                socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-            if pid > 0:
-                procs.kill_hard([p for p in procs.scan(fleet=str(fleet), node=node)
-                                 if p.pid == pid])
-        return False
+    answer, peer = _ask(folder, {"node_dir": str(node_dir), "argv": argv, "env": env})
+    if answer == b"ok":
+        return True
+    if not answer and peer > 0:
+        # It may have gone on without a word: it must not run beside the
+        # cold launch that follows.
+        procs.kill_hard([p for p in procs.scan(fleet=str(fleet), node=node) if p.pid == peer])
+    return False
 
 
 def stop_idle(fleet: Path) -> list[int]:
@@ -264,7 +313,11 @@ def _receive(conn: socket.socket) -> dict:
     return task if isinstance(task, dict) else {}
 
 
-def _wait_for_launch(sock: socket.socket, folder: Path) -> dict | None:
+def _wait_for_launch(sock: socket.socket, folder: Path
+                     ) -> dict | tuple[Path, socket.socket] | None:
+    """The next launch handed over (its task), None once this standby should
+    leave, or in a standby forked for another node (`_fork_kin`), that
+    node's folder and socket."""
     me = os.getpid()
     sock.settimeout(1.0)
     while True:
@@ -280,6 +333,12 @@ def _wait_for_launch(sock: socket.socket, folder: Path) -> dict | None:
         with conn:
             try:
                 task = _receive(conn)
+                if "spawn" in task:
+                    kin = _fork_kin(sock, folder, task["spawn"])
+                    if kin:
+                        return kin  # in a new standby, another node's now
+                    conn.sendall(b"ok")
+                    continue
                 refusal = _refusal(task)
                 if refusal:
                     conn.sendall(f"no: {refusal}".encode()[:64])
@@ -296,6 +355,54 @@ def _wait_for_launch(sock: socket.socket, folder: Path) -> dict | None:
             except OSError:
                 return None  # the provider gave up on us and launches cold
             return task
+
+
+def _fork_kin(own: socket.socket, folder: Path, nodes: object) -> tuple[Path, socket.socket] | None:
+    """Fork a standby for each of `nodes` (the same fleet's) from this one,
+    imports done: os.fork's contract, for a whole list. Here it returns None
+    once each new standby has bound its node's socket and tagged itself as
+    that node's (or left: one holds the node already); in each new standby,
+    its node's folder and bound socket."""
+    for node in nodes if isinstance(nodes, list) else ():
+        if not isinstance(node, str) or node in ("", ".", "..") or Path(node).name != node:
+            continue
+        settled_r, settled_w = os.pipe()
+        child = os.fork()
+        if child == 0:
+            os.close(settled_r)
+            if os.fork():
+                os._exit(0)  # forked twice: nobody's child to reap
+            own.close()  # or the node this one serves could not get another standby
+            return _settle(folder, folder.parent / node, settled_w)
+        os.close(settled_w)
+        os.waitpid(child, 0)
+        with os.fdopen(settled_r, "rb") as settled:
+            settled.read()  # at EOF: bound and tagged, or gone
+    return None
+
+
+def _settle(donor: Path, folder: Path, settled_w: int) -> tuple[Path, socket.socket]:
+    """Make a freshly forked process the standby of `folder`'s node: what a
+    standby started there would have (its own session, socket, tags, folder
+    and error log); its birth environment stays the donor's, which differs
+    only in the node's name (`_kin`)."""
+    os.setsid()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(address(folder))
+    except OSError:
+        os._exit(0)  # another standby holds this node
+    os.environ[procs.NODE_TAG] = folder.name
+    procs.tag_self()  # the node's from now on, as a scan sees it (`procs.scan`)
+    folder.mkdir(parents=True, exist_ok=True)
+    os.chdir(folder)
+    err = os.open(folder / "standby.err", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(err, 2)
+    os.close(err)
+    write_json(folder / INFO, {**_about(), "state": "starting", "forked_from": donor.name})
+    sock.listen(4)
+    os.close(settled_w)
+    return folder, sock
 
 
 def run_module(module: str, *args: str) -> None:
@@ -467,7 +574,7 @@ def _launch(task: dict, about: dict) -> int:
     return code
 
 
-def serve(folder: Path, delay_s: float) -> int:
+def serve(folder: Path, delay_s: float, also: list[str]) -> int:
     if os.fork():
         os._exit(0)  # the provider returns at once; the standby goes on alone
     global _CUDA_LOADED
@@ -484,7 +591,9 @@ def serve(folder: Path, delay_s: float) -> int:
         return 0  # another standby holds this node
     me = os.getpid()
     born = time.time()
-    write_json(folder / INFO, {**_about(), "state": "starting"})
+    # `also`: the nodes whose standbys this one forks once ready, which
+    # `ensure` leaves to it meanwhile.
+    write_json(folder / INFO, {**_about(), "state": "starting", "also": also})
     time.sleep(delay_s)
     if _info(folder).get("pid") != me:
         return 0
@@ -492,14 +601,24 @@ def serve(folder: Path, delay_s: float) -> int:
     preloaded = _preload()
     _CUDA_LOADED = _cuda_in_me()
     sock.listen(4)
+    forked_from = ""  # the node whose standby this one was forked from, if any
+    kin = _fork_kin(sock, folder, also)
+    if kin:
+        forked_from, (folder, sock) = folder.name, kin
+        born = time.time()
     while True:
         ready_at = time.time()
         write_json(folder / INFO, {**_about(), "state": "ready", "ready_at": ready_at,
-                                        "preloaded": preloaded, "cuda_loaded": _CUDA_LOADED})
+                                        "preloaded": preloaded, "cuda_loaded": _CUDA_LOADED,
+                                        **({"forked_from": forked_from} if forked_from else {})})
         task = _wait_for_launch(sock, folder)
         if task is None:
             sock.close()
             return 0
+        if isinstance(task, tuple):  # forked for another node: serve it from now on
+            forked_from, (folder, sock) = folder.name, task
+            born = time.time()
+            continue
         # The node's next standby is a fork of this one, made before the
         # launch changes anything here: ready at once, with the socket and
         # the imports, so a second failure soon after the first restarts
@@ -508,6 +627,11 @@ def serve(folder: Path, delay_s: float) -> int:
         if successor == 0:
             if os.fork():
                 os._exit(0)
+            # Not the attempt's (this process tagged itself with it), and
+            # the node's though its birth environment names the node of
+            # the standby it was forked from (`_settle`).
+            procs.tag_self()
+            forked_from = folder.name
             continue
         os.waitpid(successor, 0)
         sock.close()
@@ -517,7 +641,13 @@ def serve(folder: Path, delay_s: float) -> int:
 
 def _about() -> dict:
     me = os.getpid()
-    return {"pid": me, "starttime": procs.starttime(me), "python": sys.executable}
+    return {"pid": me, "starttime": procs.starttime(me), "python": sys.executable,
+            "kin": _KIN}
+
+
+# Its birth environment less the node's name (`_kin`), taken before the
+# standby changes anything in it.
+_KIN = ""
 
 
 # The entry the interpreter put first on sys.path as the standby started
@@ -526,13 +656,15 @@ _STARTED_IN: str | None = None
 
 
 def main(argv: list[str]) -> int:
-    global _STARTED_IN
+    global _STARTED_IN, _KIN
     _STARTED_IN = sys.path[0] if sys.path else None
+    _KIN = _kin(dict(os.environ))
     parser = argparse.ArgumentParser(prog="standby")
     parser.add_argument("--dir", required=True, type=Path)
     parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument("--also", nargs="*", default=[], help="other nodes' standbys to fork")
     opts = parser.parse_args(argv)
-    return serve(opts.dir, opts.delay)
+    return serve(opts.dir, opts.delay, opts.also)
 
 
 if __name__ == "__main__":

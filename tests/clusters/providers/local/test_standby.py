@@ -6,6 +6,7 @@ standby it goes cold. Real torchrun agents and gloo ranks throughout."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from regatta.storage import open_storage
 from clusters.providers.base import FaultKind
 from clusters.providers.local import LocalProvider
 from tests.support.local_fleet import (
+    alive,
     info,
     kill_everything,
     make_pool,
@@ -191,9 +193,44 @@ def test_a_node_holds_one_standby_however_often_it_is_asked(warm_fleet):
     pool = make_pool(size=1, spare_count=0)
     node = warm_fleet.list_nodes(pool)[0].name
     for _ in range(3):
-        standby.ensure(warm_fleet.root, node, warm_fleet.python, {})
+        standby.ensure(warm_fleet.root, [node], warm_fleet.python, {})
         time.sleep(0.2)
     wait_ready(warm_fleet, [node])
     assert len(idle_standbys(warm_fleet, node)) == 1
     warm_fleet.stop_standbys()
     assert idle_standbys(warm_fleet, node) == []
+
+
+def test_the_fleet_imports_once_and_each_forked_standby_is_its_own_nodes(warm_fleet):
+    """One torch import for the whole fleet: the first node's standby forks
+    the others' once its imports are done, and a node that needs one later
+    gets a fork of a ready one. A forked standby is its node's alone (its
+    session, socket and tags): a kill of the node it came from spares it,
+    and a launch on its node runs warm."""
+    pool = make_pool(size=3, spare_count=0)
+    nodes = [n.name for n in warm_fleet.list_nodes(pool)]
+    warm_fleet.hold_spares(pool, nodes)
+    wait_ready(warm_fleet, nodes)
+    first, *others = nodes
+    records = {n: info(warm_fleet, n) for n in nodes}
+    assert "forked_from" not in records[first]
+    assert [records[n].get("forked_from") for n in others] == [first, first]
+    assert len({r["pid"] for r in records.values()}) == 3
+    sessions = {n: os.getsid(r["pid"]) for n, r in records.items()}
+    assert len(set(sessions.values())) == 3
+    assert all([p.pid for p in idle_standbys(warm_fleet, n)] == [records[n]["pid"]]
+               for n in nodes)
+
+    warm_fleet.inject_fault(pool, first, FaultKind.KILL)
+    assert idle_standbys(warm_fleet, first) == []
+    assert all(alive(records[n]["pid"]) for n in others)
+
+    warm_fleet.hold_spares(pool, [first])  # forked at once from a ready one
+    again = info(warm_fleet, first)
+    assert again.get("forked_from") in others and again.get("state") in ("starting", "ready")
+    wait_ready(warm_fleet, [first])
+
+    ref = warm_fleet.launch(request(warm_fleet, pool, "forked", nodes=3))
+    assert [n["warm"] for n in ref["nodes"]] == [True, True, True]
+    status = wait_done(warm_fleet, ref)
+    assert status.state == "succeeded", status.message
