@@ -80,7 +80,12 @@ def test_a_two_node_job_survives_two_killed_ranks_and_ends_bitwise_equal_to_an_u
     assert mine.keys() == theirs.keys()
     for key in theirs:
         assert torch.equal(mine[key], theirs[key]), key
-    assert killed.goodput.filter(category="rollback").exists()
+    # No rollback line is asserted: work lost is booked from the checkpoint
+    # the job falls back to (jobs/recovery/handle.py), and whether a
+    # survivor's hand-over is recorded before the failure is handled (none
+    # lost) or after it (the time since the periodic save) is a race between
+    # two processes. tests/jobs/goodput and tests/jobs/reconcile/test_failures.py
+    # book it.
     # Two restarts, and the first attempt's start-up from its admission.
     assert killed.goodput.filter(category="restart", key__startswith="restart-").count() == 2
     assert killed.goodput.filter(category="startup", key__startswith="startup-").count() == 1
