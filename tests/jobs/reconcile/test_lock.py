@@ -17,6 +17,11 @@ from tests.support.pauses import pause_at
 
 pytestmark = [pytest.mark.usefixtures("fleet_dirs"), pytest.mark.timeout(60)]
 
+# Short enough to outlive in a test, long enough that a loaded machine's
+# scheduling delays never cost a renewal (see the first test).
+LEASE_TTL_S = 3.0
+PAST_TTL_S = 4.0
+
 
 def in_thread(target):
     """Run `target` beside the pass; its exception, if any, fails the test."""
@@ -34,11 +39,13 @@ def in_thread(target):
 
 
 def test_a_lock_held_past_its_ttl_stays_with_its_holder():
-    # A TTL of a second: the lease renews every third of it, which a busy
-    # machine (a pass at nice 10 beside the whole suite) still keeps to.
-    with locks.hold("test:long", ttl_s=1.0) as got:
+    # A TTL of 3 s: the lease renews every second, and a renewal may come up to
+    # 2 s late before the lock is lost. With a TTL of 1 s the SQLite pass (at
+    # nice 10 beside the whole suite on two cores) once starved the lease
+    # thread past its 0.67 s of slack.
+    with locks.hold("test:long", ttl_s=LEASE_TTL_S) as got:
         assert got
-        time.sleep(2.5)  # not a wait: the TTL must run out, more than twice over
+        time.sleep(PAST_TTL_S)  # not a wait: the TTL must run out
         with locks.hold("test:long") as other:
             assert other is False
         locks.ensure_held()
@@ -49,7 +56,7 @@ def test_a_pass_longer_than_the_ttl_keeps_other_workers_out(db, settings):
     cluster = memory_cluster()
     job = submit(cluster, team_with_quota(cluster))
     ready_to_launch(job)
-    settings.RECONCILE_LOCK_TTL_S = 1.0
+    settings.RECONCILE_LOCK_TTL_S = LEASE_TTL_S
     seen = []
 
     with pause_at("launch") as pause:
@@ -57,7 +64,7 @@ def test_a_pass_longer_than_the_ttl_keeps_other_workers_out(db, settings):
         def second_worker():
             pause.wait_reached()
             # Not a wait: the TTL must run out while the pass holds the lock.
-            time.sleep(2.5)  # the pass has now run well past the TTL it started with
+            time.sleep(PAST_TTL_S)  # the pass has now run past the TTL it started with
             with locks.hold(f"job:{job.id}") as got:
                 seen.append(got)
             pause.resume.set()
