@@ -9,5 +9,6 @@ from .ledger import (  # noqa: F401
     book_restart,
     book_running,
     queueing_entry,
+    revise_rollback,
     summarize,
 )

@@ -8,7 +8,8 @@ Categories, and when they are booked:
 - productive: an attempt's time from its first step to its end, less what
   the failure rolled back, the hang before detection and checkpoint stalls;
 - rollback: from the checkpoint the failure fell back to (or the attempt's
-  first step, if newer) to the failure;
+  first step, if newer) to the failure; lowered at the next launch if it
+  resumes from a later step (`revise_rollback`);
 - preemption: the work a preempted gang lost when it could not checkpoint
   within `preemption_checkpoint_wait_s` (from its newest checkpoint, or its
   first step if newer, to the stop);
@@ -34,7 +35,7 @@ once, whichever pass saw it last.
 from __future__ import annotations
 
 from django.db import IntegrityError, transaction
-from django.db.models import Sum
+from django.db.models import F, Sum
 
 from checkpoints.models import Checkpoint
 from jobs.goodput.models import GoodputEntry
@@ -161,6 +162,30 @@ def book_attempt_end(job, attempt, *, ended_at, rollback_s: float = 0.0, hang_s:
         productive = ran - rollback_s - hang_s - stalls
         _settle(job, Category.PRODUCTIVE, productive, f"attempt-{attempt.id}-productive",
                 attempt=attempt, detail=f"attempt {attempt.number}", now=ended_at)
+
+
+def revise_rollback(job, attempt, *, seconds_lost: float, detail: str) -> None:
+    """Lower an ended attempt's rollback line to what its successor's resume
+    really lost. The line is booked when the failure is handled, against the
+    newest checkpoint then; the survivors' hand-over of a later step may be
+    recorded after that (its upload ends within the stop's grace), and the
+    next attempt resumes from it. The seconds between the two were trained,
+    not lost: they go back to the attempt's productive line. Never raises a
+    line (a person's restart_from_step is a choice, not a loss), so booking
+    it again changes nothing."""
+    seconds_lost = max(0.0, float(seconds_lost))
+    key = f"attempt-{attempt.id}-{Category.ROLLBACK}"
+    with transaction.atomic():
+        line = GoodputEntry.objects.select_for_update().filter(job=job, key=key).first()
+        if line is None or line.seconds <= seconds_lost:
+            return
+        regained = line.seconds - seconds_lost
+        GoodputEntry.objects.filter(pk=line.pk).update(
+            seconds=seconds_lost, gpu_seconds=seconds_lost * job.world_size,
+            detail=detail[:300])
+        GoodputEntry.objects.filter(job=job, key=f"attempt-{attempt.id}-productive").update(
+            seconds=F("seconds") + regained,
+            gpu_seconds=F("gpu_seconds") + regained * job.world_size)
 
 
 def book_restart(job, previous, attempt) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from django.db.models import Min
 
 from checkpoints.models import Checkpoint
-from jobs import evals
+from jobs import evals, goodput
 from jobs.checkpointing import newest_verified
 from jobs.context import Ctx
 from jobs.models import JobAttempt
@@ -44,7 +44,9 @@ def _below_own(attempt: JobAttempt, at_most: int | None) -> int | None:
 
 def record(ctx: Ctx, attempt: JobAttempt, checkpoint, by_person: bool) -> None:
     """The resume on the job's timeline, with what it cost: the steps and
-    seconds lost since the checkpoint it resumed from."""
+    seconds lost since the checkpoint it resumed from. The previous attempt's
+    rollback line, booked when its failure was handled, is lowered to the
+    same figures where a hand-over recorded since made the loss smaller."""
     previous = (JobAttempt.objects.filter(job=ctx.job, number__lt=attempt.number)
                 .exclude(first_step_at=None).order_by("-number").first())
     steps_lost = max(0, previous.last_step - checkpoint.step) if previous else 0
@@ -52,6 +54,9 @@ def record(ctx: Ctx, attempt: JobAttempt, checkpoint, by_person: bool) -> None:
     if previous is not None and previous.ended_at is not None:
         since = max(checkpoint.created_at, previous.first_step_at)
         seconds_lost = max(0.0, (previous.ended_at - since).total_seconds())
+        goodput.revise_rollback(
+            ctx.job, previous, seconds_lost=seconds_lost,
+            detail=f"rolled back to step {checkpoint.step}: {steps_lost} steps lost")
     ctx.job.record(
         "ResumedFromCheckpoint",
         f"resuming from step {checkpoint.step}" + (" (asked by a person)" if by_person else ""),

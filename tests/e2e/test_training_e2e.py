@@ -80,12 +80,15 @@ def test_a_two_node_job_survives_two_killed_ranks_and_ends_bitwise_equal_to_an_u
     assert mine.keys() == theirs.keys()
     for key in theirs:
         assert torch.equal(mine[key], theirs[key]), key
-    # No rollback line is asserted: work lost is booked from the checkpoint
-    # the job falls back to (jobs/recovery/handle.py), and whether a
-    # survivor's hand-over is recorded before the failure is handled (none
-    # lost) or after it (the time since the periodic save) is a race between
-    # two processes. tests/jobs/goodput and tests/jobs/reconcile/test_failures.py
-    # book it.
+    # The ledger says what the resumes say. Whether a survivor's hand-over
+    # is recorded before the failure is handled or after it is a race
+    # between two processes; after it, the resume lowers the line booked
+    # against the periodic save (jobs/recovery/resume.py). Either way no
+    # line claims more than its resume lost.
+    lost_at_resume = {e.attempt.number - 1: e.evidence["seconds_lost"] for e in resumed}
+    for line in killed.goodput.filter(category="rollback").select_related("attempt"):
+        assert line.detail.endswith(": 0 steps lost"), fleet.story(killed)
+        assert line.seconds <= lost_at_resume[line.attempt.number] + 0.01, line.detail
     # Two restarts, and the first attempt's start-up from its admission.
     assert killed.goodput.filter(category="restart", key__startswith="restart-").count() == 2
     assert killed.goodput.filter(category="startup", key__startswith="startup-").count() == 1

@@ -88,6 +88,45 @@ def test_it_replaces_a_node_whose_ranks_were_killed_and_resumes_from_the_checkpo
     assert rollback.gpu_seconds == pytest.approx(5.0 * job.world_size)
 
 
+def test_a_hand_over_recorded_after_the_failure_was_handled_lowers_its_rollback_line(
+        mem_cluster, mem_team):
+    """The survivors' hand-over of the last step can land between the pass
+    that books the failure (against the periodic save) and the launch that
+    resumes from it: the ledger then says what the resume says."""
+    from jobs.signals import launch_point
+
+    now = timezone.now()
+    job, attempt = running_job(mem_cluster, mem_team, now)
+    write_checkpoint(job, 5, attempt, created_at=later(now, 3))
+    heartbeat(attempt, 10, later(now, 8))
+    bad, good = nodes_of(attempt)
+    report_not_ready(mem_cluster, bad)
+    provider_of(mem_cluster).exit_node(attempt.provider_ref, bad.name, exit_code=1, signal=9)
+
+    def hand_over(sender, point, **kwargs):
+        # After end_attempt booked the failure, before the launch picks its checkpoint.
+        if point == "launch" and not Checkpoint.objects.filter(job=job, step=10).exists():
+            write_checkpoint(job, 10, attempt, emergency=True, created_at=later(now, 9.5))
+
+    launch_point.connect(hand_over, weak=False)
+    try:
+        reconcile_job_unlocked(job.id, later(now, 10))
+    finally:
+        launch_point.disconnect(hand_over)
+
+    resumed = JobEvent.objects.get(job=job, kind="ResumedFromCheckpoint")
+    assert resumed.evidence["step"] == 10 and resumed.evidence["steps_lost"] == 0
+    assert resumed.evidence["seconds_lost"] == pytest.approx(0.5)
+    # Booked as 7 s back to step 5 when the failure was handled; the resume
+    # lost 0.5 s, and the other 6.5 s were trained.
+    rollback = GoodputEntry.objects.get(job=job, category="rollback")
+    assert rollback.seconds == pytest.approx(0.5)
+    assert rollback.gpu_seconds == pytest.approx(0.5 * job.world_size)
+    assert rollback.detail == "rolled back to step 10: 0 steps lost"
+    productive = GoodputEntry.objects.get(job=job, key=f"attempt-{attempt.id}-productive")
+    assert productive.seconds == pytest.approx(10.0 - 0.5 - 1.0, abs=0.2)  # less the start-up
+
+
 def test_a_killed_node_shows_failure_cordon_replacement_and_resume_on_the_timeline(
         mem_cluster, mem_team):
     """The README's "kill a node": the cluster pass sees the node not ready,
