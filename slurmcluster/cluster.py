@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from testcluster import pidfiles
+from testcluster.ports import free_ports
 
 DAEMONS = {"munged": "/usr/sbin/munged", "slurmctld": "/usr/sbin/slurmctld",
            "slurmd": "/usr/sbin/slurmd", "slurmdbd": "/usr/sbin/slurmdbd",
@@ -62,11 +63,6 @@ DAEMON_PARENT = Path("/tmp")
 class SlurmClusterError(RuntimeError):
     pass
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def why_unavailable() -> str | None:
@@ -132,12 +128,12 @@ class Layout:
 
     @classmethod
     def pick(cls, working: int = 4, spares: int = 2, gpus: int = 2) -> Layout:
+        ctld, dbd, db, *node_ports = free_ports(3 + working + spares)
         nodes = tuple(
             NodeSpec(name=f"n{i}", partition="gpu" if i <= working else "spare",
-                     port=free_port(), gpus=gpus)
-            for i in range(1, working + spares + 1))
-        return cls(ctld_port=free_port(), nodes=nodes, dbd_port=free_port(),
-                   db_port=free_port())
+                     port=port, gpus=gpus)
+            for i, port in enumerate(node_ports, start=1))
+        return cls(ctld_port=ctld, nodes=nodes, dbd_port=dbd, db_port=db)
 
     def partition(self, name: str) -> list[str]:
         return [n.name for n in self.nodes if n.partition == name]

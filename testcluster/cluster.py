@@ -17,7 +17,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 import yaml
 
 from . import build, pidfiles, pki
+from .ports import free_ports
 
 NAMESPACE_OPERATOR = "kubeflow"
 # The serving certificate's Secret and webhook configuration the
@@ -44,12 +44,6 @@ class ClusterError(RuntimeError):
     pass
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
 class Endpoints:
     api_port: int
@@ -63,7 +57,7 @@ class Endpoints:
 
     @classmethod
     def pick(cls) -> Endpoints:
-        return cls(*(free_port() for _ in fields(cls)))
+        return cls(*free_ports(len(fields(cls))))
 
     @property
     def api_url(self) -> str:
