@@ -50,7 +50,10 @@ SIZE, SPARES = 3, 2
 SEEDS = range(10)
 STEPS = 45
 
-pytestmark = pytest.mark.usefixtures("fleet_dirs")
+# Slow: twenty seeded runs of thousands of passes (a minute of CPU on
+# PostgreSQL), a fuzzer rather than the inner loop's checks; `make test`
+# runs them, `make test-fast` and CI's SQLite pass leave them out.
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fleet_dirs")]
 
 
 class World:
