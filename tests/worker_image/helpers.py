@@ -252,11 +252,18 @@ class WarmTorchrun:
 
 def _launch_env(env: dict) -> dict:
     """A launch's environment: this one without Regatta's own variables, one
-    thread per rank, unbuffered output, faulthandler on (`Run.dump_stacks`),
-    then `env`."""
+    thread per rank, torch.compile's code generation in the rank itself,
+    unbuffered output, faulthandler on (`Run.dump_stacks`), then `env`.
+
+    Inductor's default on two cores is a pool of compile workers per rank,
+    each a fresh Python importing torch: on the suite's shared cores (and
+    its kernels mostly cached from the run before) the pool cost more than
+    it saved, 119 against 74 CPU-s for the two compiled resume tests.
+    tests/clusters/providers/local/test_standby_compile.py starts the pool
+    from a forked rank, as the local fleet does by default."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("REGATTA_")}
-    return {**base, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-            "PYTHONFAULTHANDLER": "1", **env}
+    return {**base, "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1",
+            "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **env}
 
 
 def start_torchrun(argv: list[str], env: dict, folder: Path, *, warm: bool = True):
