@@ -38,13 +38,17 @@ def check(ctx: Ctx, attempt: JobAttempt, status) -> Result | None:
     requested_at = datetime.fromtimestamp(pending["requested_at"], tz=UTC)
     # The SDK answers `stop` with an emergency checkpoint, carrying the
     # request id when it saw the request too.
-    checkpoint = (Checkpoint.objects.filter(job=job, attempt=attempt,
-                                            state__in=Checkpoint.LOADABLE)
-                  .filter(Q(request_id=pending["request_id"])
-                          | Q(emergency=True, created_at__gte=requested_at))
+    saved = Checkpoint.objects.filter(job=job, attempt=attempt, state__in=Checkpoint.LOADABLE)
+    checkpoint = (saved.filter(Q(request_id=pending["request_id"])
+                               | Q(emergency=True, created_at__gte=requested_at))
                   .order_by("-step").first())
     exited = not any(n.running for n in status.nodes) if status.nodes else (
         status.state != "running")
+    if checkpoint is None and exited:
+        # A stop that came just after a periodic save of the step the gang
+        # stopped at: the SDK does not save a step twice, so that save,
+        # holding every step the gang made, is the stop's checkpoint.
+        checkpoint = saved.filter(step__gte=attempt.last_step).order_by("-step").first()
     waited = (now - requested_at).total_seconds()
     wait_s = float(pending.get("wait_s", ctx.config.preemption_checkpoint_wait_s))
     if not (checkpoint is not None and exited) and waited < wait_s:

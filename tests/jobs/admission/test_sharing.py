@@ -186,6 +186,33 @@ def test_a_high_priority_job_preempts_a_lower_one_which_resumes_from_its_checkpo
     assert resumed.evidence["steps_lost"] == 0
 
 
+def test_a_stop_just_after_a_periodic_save_of_that_step_takes_that_save_at_once(cluster):
+    """The SDK does not save a step twice: a stop that comes as the periodic
+    save of the step the gang stops at commits leaves no emergency
+    checkpoint, and that save (neither emergency nor carrying the request,
+    and older than it) holds every step the gang made."""
+    team = team_with_quota(cluster, name="vision", gpus=8)
+    now = timezone.now()
+    low = running(cluster, team, now, name="low", nodes=4, step=10)
+    attempt = live_attempt(low)
+    write_checkpoint(low, 10, attempt, created_at=later(now, 5))
+    high = queued(cluster, team, later(now, 5), name="high", nodes=2, priority=5)
+    admit(cluster.id, later(now, 6))
+    provider = provider_of(cluster)
+    for name in attempt.placements.values_list("node__name", flat=True):
+        provider.exit_node(attempt.provider_ref, name, exit_code=83)
+
+    reconcile_job_unlocked(low.id, later(now, 7))
+
+    reload(low)
+    assert low.phase == Phase.QUEUED  # not after the whole wait
+    preempted = JobEvent.objects.get(job=low, kind="Preempted")
+    assert preempted.evidence["checkpoint_step"] == 10
+    assert preempted.evidence["steps_lost"] == 0
+    assert not GoodputEntry.objects.filter(job=low, category="preemption").exists()
+    assert admit(cluster.id, later(now, 8)).admitted == [high.id]
+
+
 def test_a_victim_that_cannot_checkpoint_in_time_is_stopped_and_its_work_booked(db):
     cluster = memory_cluster(size=4, spares=0, preemption_checkpoint_wait_s=5.0)
     team = team_with_quota(cluster, name="vision", gpus=8)
