@@ -42,6 +42,16 @@ def test_a_key_of_another_provider_is_not_a_setting_here():
     assert cfg.provider.namespace == "training"
 
 
+def test_standby_imports_are_module_names():
+    cfg = ClusterSettings.parse({"standby_imports": ["transformers.trainer", "lightning"]},
+                                "local")
+    assert cfg.provider.standby_imports == ("transformers.trainer", "lightning")
+    for bad in (["transformers trainer"], ["lightning", ""], "lightning", [3]):
+        with pytest.raises(SettingsError, match="standby_imports") as caught:
+            ClusterSettings.parse({"standby_imports": bad}, "local")
+        assert set(caught.value.problems) == {"standby_imports"}
+
+
 def test_pool_settings_belong_to_the_provider():
     pool = parse_pool({"asg_name": "p5-group", "efa_devices": 32}, "kubernetes")
     assert (pool.asg_name, pool.efa_devices, pool.node_autoscaler) == ("p5-group", 32, "")

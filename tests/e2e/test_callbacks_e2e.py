@@ -27,7 +27,9 @@ if not all(importlib.util.find_spec(m) for m in ("transformers", "accelerate", "
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("script", ["hf_trainer.py", "lightning_train.py"])
 def test_a_framework_job_survives_a_node_kill_through_its_callback(fleet, script):
-    cluster = fleet.cluster()
+    # The fleet's standbys import the frameworks ahead (docs/fleet.md): the
+    # ranks of both attempts are forked with them imported.
+    cluster = fleet.cluster(standby_imports=["transformers.trainer", "lightning"])
     job = submit_program(fleet, cluster, script, steps=120, sleep=0.1)
 
     first = fleet.wait("attempt 1 past step 25", running(job, 1, 25), job=job, timeout=150)
@@ -37,6 +39,8 @@ def test_a_framework_job_survives_a_node_kill_through_its_callback(fleet, script
     kill_a_node(fleet, cluster, first)
 
     second = fleet.wait("attempt 2 running", running(job, 2), job=job, timeout=150)
+    assert [n["warm"] for n in first.provider_ref["nodes"]] == [True, True]
+    assert [n["warm"] for n in second.provider_ref["nodes"]] == [True, True]
     assert second.resume_step is not None and second.resume_step % 20 == 0
     fleet.wait("the job succeeded", lambda: refreshed(job).phase == Phase.SUCCEEDED, job=job,
                timeout=200)

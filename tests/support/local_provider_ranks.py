@@ -3,8 +3,9 @@ the trainer: it joins the gang, all-reduces a few times, writes the status file
 the trainer would, and exits with the code asked for (REGATTA_TEST_EXIT) or
 keeps stepping for REGATTA_TEST_STEPS steps of REGATTA_TEST_STEP_S seconds.
 With REGATTA_TEST_DUMP_ENV set, each rank first writes the environment it was
-given to `env-<rank>.json` and its import path to `path-<rank>.json`, for the
-tests of what user code may see; with
+given to `env-<rank>.json`, its import path to `path-<rank>.json` and the
+modules imported when it started to `modules-<rank>.json`, for the tests of
+what user code may see; with
 REGATTA_TEST_CUDA, `cuda-<rank>.json`: the GPUs CUDA would see, and whether
 it finds one (the trainer's first CUDA call)."""
 
@@ -29,6 +30,9 @@ def main() -> int:
             json.dump(dict(os.environ), fh)
         with open(os.path.join(os.environ["REGATTA_STATUS_DIR"], f"path-{rank}.json"), "w") as fh:
             json.dump(sys.path, fh)
+        with open(os.path.join(os.environ["REGATTA_STATUS_DIR"], f"modules-{rank}.json"),
+                  "w") as fh:
+            json.dump(sorted(sys.modules), fh)
     if os.environ.get("REGATTA_TEST_CUDA"):
         # What CUDA would see here: the driver reads CUDA_VISIBLE_DEVICES from
         # the C environment when it initialises, not from os.environ.

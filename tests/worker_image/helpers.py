@@ -159,12 +159,13 @@ class Standby:
     short run). The ranks run the same entry point under the same torchrun
     agent, with the launch's own environment: the local fleet's default path.
     A launch it cannot take (not ready in time, refused) goes cold, as the
-    provider's does."""
+    provider's does. `imports`: further modules it imports ahead, as a local
+    cluster's `standby_imports` names them."""
 
-    NODE = "trainer-tests"
     READY_WAIT_S = 15.0
 
-    def __init__(self) -> None:
+    def __init__(self, node: str = "trainer-tests", imports: tuple[str, ...] = ()) -> None:
+        self.node, self.imports = node, imports
         self.fleet: Path | None = None
 
     def start(self) -> None:
@@ -173,14 +174,15 @@ class Standby:
 
         if self.fleet is None:
             self.fleet = Path(tempfile.mkdtemp(prefix="regatta-test-standby-"))
-        standby.ensure(self.fleet, [self.NODE], sys.executable, _launch_env({}))
+        further = {standby.IMPORTS: ",".join(self.imports)} if self.imports else {}
+        standby.ensure(self.fleet, [self.node], sys.executable, {**_launch_env({}), **further})
 
     def take(self, argv: list[str], env: dict, folder: Path) -> WarmTorchrun | None:
         from regatta.node import standby
         from regatta.node.files import read_json
 
         self.start()  # renews the lease; a new one if it left
-        info = standby.standby_dir(self.fleet, self.NODE) / standby.INFO
+        info = standby.standby_dir(self.fleet, self.node) / standby.INFO
         deadline = time.monotonic() + self.READY_WAIT_S
         while time.monotonic() < deadline:
             state = read_json(info, {}).get("state")
@@ -189,7 +191,7 @@ class Standby:
             if state not in ("starting", None):
                 return None
             time.sleep(0.05)
-        if not standby.hand_over(self.fleet, self.NODE, folder,
+        if not standby.hand_over(self.fleet, self.node, folder,
                                  [sys.executable, "-m", "torch.distributed.run", *argv],
                                  env, sys.executable):
             return None
@@ -205,6 +207,11 @@ class Standby:
 
 
 STANDBY = Standby()
+# The framework programs' (test_integrations.py): the modules their ranks
+# spend seconds importing, imported once here. `import transformers` alone
+# is lazy; its Trainer and TRL's SFTTrainer are what cost.
+FRAMEWORKS_STANDBY = Standby("framework-tests", imports=(
+    "transformers.trainer", "lightning", "trl.trainer.sft_trainer"))
 
 
 class WarmTorchrun:
@@ -251,9 +258,11 @@ class WarmTorchrun:
 
 
 def _launch_env(env: dict) -> dict:
-    """A launch's environment: this one without Regatta's own variables, one
-    thread per rank, torch.compile's code generation in the rank itself,
-    unbuffered output, faulthandler on (`Run.dump_stacks`), then `env`.
+    """A launch's environment: this one without Regatta's own variables and
+    pytest's name of the test (a standby with imports of its own refuses a
+    launch whose other variables differ from its birth), one thread per
+    rank, torch.compile's code generation in the rank itself, unbuffered
+    output, faulthandler on (`Run.dump_stacks`), then `env`.
 
     Inductor's default on two cores is a pool of compile workers per rank,
     each a fresh Python importing torch: on the suite's shared cores (and
@@ -261,21 +270,23 @@ def _launch_env(env: dict) -> dict:
     it saved, 119 against 74 CPU-s for the two compiled resume tests.
     tests/clusters/providers/local/test_standby_compile.py starts the pool
     from a forked rank, as the local fleet does by default."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith("REGATTA_")}
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith("REGATTA_") and k != "PYTEST_CURRENT_TEST"}
     return {**base, "OMP_NUM_THREADS": "1", "TORCHINDUCTOR_COMPILE_THREADS": "1",
             "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1", **env}
 
 
-def start_torchrun(argv: list[str], env: dict, folder: Path, *, warm: bool = True):
+def start_torchrun(argv: list[str], env: dict, folder: Path, *, warm: bool = True,
+                   standby: Standby = STANDBY):
     """torchrun `argv` (its options and the program) with `env` over the
     launch environment, in `folder`, its output (agent and ranks) in
-    `folder/stdout.log`. Warm through the standby unless `warm` is False or
+    `folder/stdout.log`. Warm through `standby` unless `warm` is False or
     it cannot take the launch; cold: a torchrun process of its own. Returns
     a Popen or a `WarmTorchrun`."""
     folder.mkdir(parents=True, exist_ok=True)
     full = _launch_env(env)
     if warm:
-        taken = STANDBY.take(argv, full, folder)
+        taken = standby.take(argv, full, folder)
         if taken is not None:
             return taken
     with open(folder / "stdout.log", "ab") as log:

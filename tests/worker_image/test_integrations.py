@@ -16,7 +16,7 @@ from regatta.storage import open_storage
 
 from tests.support.waiting import eventually
 
-from .helpers import free_port, kill_tree, start_torchrun
+from .helpers import FRAMEWORKS_STANDBY, free_port, kill_tree, start_torchrun
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -30,6 +30,19 @@ if not all(importlib.util.find_spec(m)
     # not a reason to pass quietly.
     pytest.fail("transformers, accelerate, lightning, trl or datasets is missing: "
                 "run `make install`", pytrace=False)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def frameworks_standby():
+    """The launches go through a standby that imported the frameworks
+    (helpers.FRAMEWORKS_STANDBY), started ahead of the first and stopped
+    with this file: their ranks are forked with transformers, Lightning and
+    TRL imported, as a local cluster's `standby_imports` has them."""
+    FRAMEWORKS_STANDBY.start()
+    try:
+        yield FRAMEWORKS_STANDBY
+    finally:
+        FRAMEWORKS_STANDBY.stop()
 
 
 class Job:
@@ -46,7 +59,7 @@ class Job:
             {"REGATTA_CONFIG": json.dumps({"steps": steps, "sleep": sleep}),
              "REGATTA_CHECKPOINT_URI": str(ckpt), "REGATTA_CHECKPOINT_EVERY": str(every),
              "REGATTA_STATUS_DIR": str(self.status), **(env or {})},
-            self.folder)
+            self.folder, standby=FRAMEWORKS_STANDBY)
 
     def wait(self, timeout=90) -> "Job":
         try:

@@ -96,6 +96,9 @@ LOCAL_FLEET = _var("REGATTA_LOCAL_FLEET", LOCAL_PROVIDER, NODE_SIDE,
                    "the local fleet's folder: tags every process of the fleet in /proc")
 LOCAL_ATTEMPT_DIR = _var("REGATTA_LOCAL_ATTEMPT_DIR", LOCAL_PROVIDER, NODE_SIDE,
                          "the attempt's folder: tags every process of the attempt in /proc")
+STANDBY_IMPORTS = _var("REGATTA_STANDBY_IMPORTS", LOCAL_PROVIDER, NODE_SIDE,
+                       "a warm standby's further modules to import, comma-separated "
+                       "(the local cluster's `standby_imports`)")
 
 PREFLIGHT_OUT = _var("REGATTA_PREFLIGHT_OUT", PROVIDER, PREFLIGHT,
                      "the file each node's report goes to (default: the status folder's "

@@ -84,7 +84,8 @@ def _wait_for(path: Path, timeout: float) -> dict:
 
 
 def launch(fleet: Path, request: LaunchRequest, python: str = sys.executable,
-           standbys: bool = False, node_env: dict[str, dict] | None = None) -> dict:
+           standbys: bool = False, node_env: dict[str, dict] | None = None,
+           standby_imports: tuple[str, ...] = ()) -> dict:
     """Start the attempt's gang, one detached torchrun per placement;
     `node_env` adds variables per node (its GPUs: devices.py)."""
     if not request.placements:
@@ -105,14 +106,16 @@ def launch(fleet: Path, request: LaunchRequest, python: str = sys.executable,
         # For the next launch on these nodes: a survivor of the next failure
         # restarts warm as the promoted spare does.
         standby.ensure(fleet, [entry["node"] for entry in ref["nodes"]], python,
-                       standby_environment(), delay_s=STANDBY_AFTER_LAUNCH_S)
+                       standby_environment(standby_imports), delay_s=STANDBY_AFTER_LAUNCH_S)
     return ref
 
 
-def standby_environment() -> dict:
+def standby_environment(imports: tuple[str, ...] = ()) -> dict:
     """A standby's birth environment: what every rank of the node gets
-    before its launch's own variables (which the launch hands over)."""
-    return {**rank_environment({}), "OMP_NUM_THREADS": "1"}
+    before its launch's own variables (which the launch hands over), and
+    the cluster's further modules for it to import (`standby_imports`)."""
+    further = {contract.STANDBY_IMPORTS: ",".join(imports)} if imports else {}
+    return {**rank_environment({}), "OMP_NUM_THREADS": "1", **further}
 
 
 def _discard(attempt_dir: Path) -> None:

@@ -31,6 +31,18 @@ from . import attempts, devices, faults, preflight, startup, worker_env
 from .book import NodeBook
 
 
+def _module_names(value):
+    """`standby_imports`: each a module's dotted name, said at once rather
+    than left to fail quietly in the standby."""
+    if isinstance(value, list):
+        bad = [v for v in value
+               if not isinstance(v, str) or not all(p.isidentifier() for p in v.split("."))]
+        if bad:
+            raise ValueError(f"must name Python modules (e.g. \"transformers.trainer\"), "
+                             f"not {bad[0]!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class LocalSettings:
     """A local cluster's own settings."""
@@ -41,6 +53,12 @@ class LocalSettings:
     standbys: bool = setting(True, "keep a warm standby (Python started, torch and the "
                              "trainer imported) on every spare and gang node, so a "
                              "relaunch starts without a cold start (regatta.node.standby)")
+    standby_imports: tuple[str, ...] = setting((), "further modules each standby imports ahead, "
+                                         "e.g. [\"transformers\", \"lightning\"]: the "
+                                         "ranks of programs that use them start warm too. "
+                                         "Imported in the node's environment: a launch "
+                                         "that sets other variables of its own goes cold",
+                                         normalize=_module_names)
 
 
 @dataclass(frozen=True)
@@ -62,18 +80,19 @@ class LocalProvider:
     PoolSettings = LocalPoolSettings
 
     def __init__(self, cluster: str, root: Path, python: str = sys.executable,
-                 standbys: bool = False):
+                 standbys: bool = False, standby_imports: tuple[str, ...] = ()):
         self.cluster = cluster
         self.root = Path(root).resolve()
         self.python = python
         self.standbys = standbys
+        self.standby_imports = tuple(standby_imports)
         self.book = NodeBook(self.root)
 
     @classmethod
     def for_cluster(cls, name: str, settings: LocalSettings) -> LocalProvider:
         base = settings.fleet_dir or django_settings.LOCAL_FLEET_DIR
         return cls(name, Path(base) / name, python=settings.python or sys.executable,
-                   standbys=settings.standbys)
+                   standbys=settings.standbys, standby_imports=settings.standby_imports)
 
     # --- nodes ------------------------------------------------------------
     def _info(self, pool: PoolInfo, node: dict) -> NodeInfo:
@@ -165,7 +184,8 @@ class LocalProvider:
         """Only Regatta places work on its nodes; a spare holds a warm standby."""
         if not self._standbys(pool) or self.environment_waiting():
             return
-        standby.ensure(self.root, nodes, self.python, attempts.standby_environment())
+        standby.ensure(self.root, nodes, self.python,
+                       attempts.standby_environment(self.standby_imports))
 
     def stop_standbys(self) -> None:
         """End the idle standbys (Regatta stopping; running attempts are
@@ -181,6 +201,7 @@ class LocalProvider:
                 "it finds, stops and kills them by the tags in their environment")
         return attempts.launch(self.root, request, python=self.python,
                                standbys=self._standbys(request.pool),
+                               standby_imports=self.standby_imports,
                                node_env=self._devices(request))
 
     @staticmethod

@@ -56,6 +56,7 @@ import sys
 import time
 from pathlib import Path
 
+from regatta import contract
 from regatta.node import procs
 from regatta.node.files import read_json, write_json
 
@@ -79,6 +80,17 @@ _FIXED_AT_START = ("LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONHOME")
 # a failed rank, seconds spent between a rank's death and the agent's exit.
 PRELOAD = ("torch", "torch.distributed.run", "torch._dynamo", "regatta.run",
            "trainer.__main__", "trainer.trainer")
+# A cluster's further imports (the local provider's `standby_imports`: the
+# frameworks its programs use, transformers or lightning), named in the
+# standby's birth environment so that they are part of its kin (`_kin`).
+IMPORTS = contract.STANDBY_IMPORTS
+# What a launch may set apart from the standby's birth environment when the
+# standby imported modules of the cluster's: Regatta's own names and the
+# node's devices (CUDA reads its variables when first used, which a standby
+# never does). A module reads its variables as it is imported (Hugging
+# Face its HF_* ones), so a launch that sets any other variable differently
+# goes cold, where its program's imports see its environment.
+_LAUNCH_OWN = ("REGATTA_", "CUDA_")
 # A process that initialised CUDA cannot give it to the children it forks:
 # their first CUDA call fails ("initialization error"). The standby forks
 # every rank, so nothing in it may touch CUDA; `torch.cuda.is_available()`
@@ -268,11 +280,16 @@ def stop_idle(fleet: Path) -> list[int]:
 
 # --- the standby's side ----------------------------------------------------------
 
+def further_imports(env: dict) -> list[str]:
+    """The cluster's further modules named in a birth environment."""
+    return [name for name in env.get(IMPORTS, "").replace(" ", "").split(",") if name]
+
+
 def _preload() -> list[str]:
     import importlib
 
     done = []
-    for name in PRELOAD:
+    for name in (*PRELOAD, *further_imports(_BIRTH)):
         try:
             importlib.import_module(name)
             done.append(name)
@@ -292,6 +309,10 @@ def _refusal(task: dict) -> str:
             return f"{name} differs"
     if _CUDA_LOADED and env.get("CUDA_VISIBLE_DEVICES") != "":
         return f"CUDA was initialised here ({_CUDA_LOADED}): forked ranks could not use it"
+    if further_imports(_BIRTH):
+        for name in sorted(set(env) | set(_BIRTH)):
+            if not name.startswith(_LAUNCH_OWN) and env.get(name) != _BIRTH.get(name):
+                return f"{name} differs from the environment {_BIRTH[IMPORTS]} were imported in"
     return ""
 
 
@@ -645,8 +666,9 @@ def _about() -> dict:
             "kin": _KIN}
 
 
-# Its birth environment less the node's name (`_kin`), taken before the
-# standby changes anything in it.
+# Its birth environment, and that less the node's name (`_kin`), taken
+# before the standby changes anything in it.
+_BIRTH: dict[str, str] = {}
 _KIN = ""
 
 
@@ -656,9 +678,10 @@ _STARTED_IN: str | None = None
 
 
 def main(argv: list[str]) -> int:
-    global _STARTED_IN, _KIN
+    global _STARTED_IN, _BIRTH, _KIN
     _STARTED_IN = sys.path[0] if sys.path else None
-    _KIN = _kin(dict(os.environ))
+    _BIRTH = dict(os.environ)
+    _KIN = _kin(_BIRTH)
     parser = argparse.ArgumentParser(prog="standby")
     parser.add_argument("--dir", required=True, type=Path)
     parser.add_argument("--delay", type=float, default=0.0)

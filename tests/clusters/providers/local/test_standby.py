@@ -168,6 +168,39 @@ def test_without_a_ready_standby_or_with_a_loader_path_of_its_own_the_launch_goe
     assert all(info(warm_fleet, n).get("state") == "ready" for n in nodes)
 
 
+def test_a_clusters_further_imports_are_done_ahead_and_a_launch_of_other_variables_goes_cold(
+        tmp_path):
+    """`standby_imports`: the standby imports them before any launch, so a
+    warm rank starts with them loaded; a launch that sets a variable of its
+    own (one such a module may read as it is imported) goes cold, where
+    the program's imports see it, and leaves the standbys waiting."""
+    further = "xml.dom.minidom"  # imported by nothing else here
+    provider = LocalProvider("lab", tmp_path / "fleet" / "lab", standbys=True,
+                             standby_imports=(further,))
+    try:
+        pool = make_pool(size=2, spare_count=0)
+        nodes = [n.name for n in provider.list_nodes(pool)]
+        ref = warm_launch(provider, pool, "warm", REGATTA_TEST_DUMP_ENV="1")
+        assert wait_done(provider, ref).state == "succeeded"
+        for node_rank in (0, 1):
+            status = Path(ref["dir"]) / f"node-{node_rank}" / "status"
+            assert further in json.loads((status / f"modules-{node_rank}.json").read_text())
+            env = json.loads((status / f"env-{node_rank}.json").read_text())
+            assert standby.IMPORTS not in env  # the standby's own
+        assert all(further in info(provider, n)["preloaded"] for n in nodes)
+
+        own = provider.launch(request(provider, pool, "own-variable",
+                                      env={"HF_HOME": str(tmp_path / "hf"),
+                                           "REGATTA_TEST_DUMP_ENV": "1"}))
+        assert [n["warm"] for n in own["nodes"]] == [False, False]
+        assert wait_done(provider, own).state == "succeeded"
+        modules = Path(own["dir"]) / "node-0" / "status" / "modules-0.json"
+        assert further not in json.loads(modules.read_text())
+        assert all(info(provider, n).get("state") == "ready" for n in nodes)
+    finally:
+        kill_everything(provider.root)
+
+
 def test_a_standby_that_takes_a_launch_leaves_its_successor_ready_at_once(warm_fleet):
     """A second failure soon after the first restarts warm too: the standby
     that took the launch forked the node's next standby before it became
