@@ -3,6 +3,10 @@
     python bench/gpu_acceptance.py                 # on the GPU, < 10 minutes
     python bench/gpu_acceptance.py --cpu-smoke     # the same checks, tiny, on CPU
 
+Each run's torchrun is handed to a warm standby (regatta/node/standby.py),
+as on the local fleet; a launch it does not take goes cold, and the output
+says which did.
+
 It needs only the worker image's Python (torch and the `regatta-worker`
 package; no Django, no control plane: a small HTTP server in this process
 stands in for the worker API, to collect checkpoint reports and events).
@@ -128,51 +132,131 @@ class TrainerRun:
         return statistics.median(steady) if steady else None
 
 
+class Launch:
+    """One torchrun launch: cold (`Popen`, torchrun's agent), or handed to
+    the warm standby, whose launcher records the agent in `launcher.json`
+    and how it ended in `exit.json` (regatta/node/launcher.py)."""
+
+    def __init__(self, folder: Path, cold: subprocess.Popen | None = None) -> None:
+        self.folder, self.cold = folder, cold
+        self.launcher: int | None = None
+        if cold is None:
+            deadline = time.monotonic() + 30
+            while not (folder / "launcher.json").exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            self.launcher = json.loads((folder / "launcher.json").read_text())["pid"]
+
+    @property
+    def agent(self) -> int:
+        if self.cold is not None:
+            return self.cold.pid
+        return json.loads((self.folder / "launcher.json").read_text())["torchrun_pid"]
+
+    def poll(self) -> int | None:
+        if self.cold is not None:
+            return self.cold.poll()
+        done = self.folder / "exit.json"
+        if done.exists():
+            return json.loads(done.read_text())["torchrun_returncode"]
+        return None if Path(f"/proc/{self.launcher}").exists() else -signal.SIGKILL
+
+    def wait(self, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("torchrun", timeout)
+            time.sleep(0.05)
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL its ranks (torchrun starts each in a session of its own),
+        its agent and, warm, its launcher."""
+        for pid in [*_rank_pids(self.agent), self.agent, self.launcher]:
+            with contextlib.suppress(ProcessLookupError, TypeError):
+                os.kill(pid, signal.SIGKILL)
+        if self.cold is not None:
+            self.cold.wait()
+
+
 class Runner:
+    # Each run's torchrun is handed to a warm standby (regatta/node/standby.py),
+    # as a local fleet's node keeps one: Python, torch and the trainer
+    # imported once for all the runs, so that each one's agent and ranks are
+    # forked with them (on 2 CPU cores a cold launch spent ~9 CPU-s on those
+    # imports, most of a smoke run's). A launch it does not take goes cold.
+    NODE = "acceptance"
+
     def __init__(self, root: Path, profile: Profile, cpu: bool) -> None:
         self.root, self.profile, self.cpu = root, profile, cpu
         self.plane = Plane()
         self.attempt = 0
         self.runs: list[TrainerRun] = []
+        self.fleet = root / "standby"
+        self.launched: dict[str, str] = {}  # run name: warm, or cold and why
+
+    def _base_env(self) -> dict:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("REGATTA_")}
+        env["OMP_NUM_THREADS"] = "1"
+        if self.cpu:
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        return env
+
+    def start_standby(self) -> None:
+        """Started ahead of the first run: its imports overlap the bare loop."""
+        from regatta.node import standby
+
+        standby.ensure(self.fleet, [self.NODE], sys.executable, self._base_env())
+
+    def stop_standby(self) -> None:
+        from regatta.node import standby
+
+        standby.stop_idle(self.fleet)
+
+    def _hand_over(self, folder: Path, cmd: list[str], env: dict) -> bool:
+        from regatta.node import standby
+
+        self.start_standby()  # renews its lease; a new one if it left
+        deadline = time.monotonic() + 60
+        while (state := standby.state(self.fleet, self.NODE)) in ("starting", "") \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        taken = state == "ready" and standby.hand_over(self.fleet, self.NODE, folder, cmd, env,
+                                                       sys.executable)
+        self.launched[folder.name] = "warm" if taken else f"cold (standby {state or 'absent'})"
+        return taken
 
     def config(self, preset: str, compile_: bool = False, **extra) -> dict:
         p = self.profile
         return {"model": preset, "batch_size": p.batch[preset], "log_every_steps": p.log_every,
                 "compile": compile_, "heartbeat_interval_s": 1.0, **p.overrides, **extra}
 
-    def start(self, name: str, config: dict, ckpt: Path) -> tuple[subprocess.Popen, int, Path]:
+    def start(self, name: str, config: dict, ckpt: Path) -> tuple[Launch, int, Path]:
         self.attempt += 1
-        env = {k: v for k, v in os.environ.items() if not k.startswith("REGATTA_")}
-        env.update(self.plane.env(self.attempt), OMP_NUM_THREADS="1",
-                   REGATTA_CONFIG=json.dumps(config), REGATTA_CHECKPOINT_URI=str(ckpt),
-                   REGATTA_STATUS_DIR=str(self.root / name / "status"))
-        if self.cpu:
-            env["CUDA_VISIBLE_DEVICES"] = ""
-        log = self.root / name / "log.txt"
-        log.parent.mkdir(parents=True, exist_ok=True)
+        folder = self.root / name
+        env = {**self._base_env(), **self.plane.env(self.attempt),
+               "REGATTA_CONFIG": json.dumps(config), "REGATTA_CHECKPOINT_URI": str(ckpt),
+               "REGATTA_STATUS_DIR": str(folder / "status")}
+        log = folder / "stdout.log"
+        folder.mkdir(parents=True, exist_ok=True)
         cmd = [*TORCHRUN, "--nnodes=1", f"--nproc-per-node={self.profile.nproc}",
                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-               "-m", "trainer", "--staging-dir", str(self.root / name / "staging")]
+               "-m", "trainer", "--staging-dir", str(folder / "staging")]
+        if self._hand_over(folder, cmd, env):
+            return Launch(folder), self.attempt, log
         with open(log, "wb") as out:
             proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
-        return proc, self.attempt, log
+        return Launch(folder, proc), self.attempt, log
 
-    def finish(self, name: str, proc, attempt: int, log: Path, ckpt: Path, t0: float,
+    def finish(self, name: str, proc: Launch, attempt: int, log: Path, ckpt: Path, t0: float,
                timeout: float = 420) -> TrainerRun:
         try:
-            proc.wait(timeout=timeout)
+            returncode = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            # torchrun starts its ranks in their own sessions: the group kill
-            # alone would leave them holding the GPU for the next run.
-            ranks = _rank_pids(proc.pid)
-            os.killpg(proc.pid, signal.SIGKILL)
-            for pid in ranks:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            proc.wait()
+            proc.kill()  # the ranks would hold the GPU for the next run
+            returncode = proc.poll()
         status = self.root / name / "status" / "rank-0.json"
-        code = json.loads(status.read_text())["exit_code"] if status.exists() else proc.returncode
+        code = json.loads(status.read_text())["exit_code"] if status.exists() else returncode
         run = TrainerRun(name, code, log.read_text(errors="replace"),
                          self._bodies("checkpoints", attempt), self._bodies("events", attempt),
                          ckpt, time.perf_counter() - t0)
@@ -354,7 +438,7 @@ def kill_and_resume(runner: Runner, table: Table, figures: dict) -> None:
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None and len(store.committed_steps()) < 2:
         time.sleep(0.2)
-    victim = _rank_pids(proc.pid)
+    victim = _rank_pids(proc.agent)
     killed = bool(victim) and proc.poll() is None
     for pid in victim[-1:]:
         os.kill(pid, signal.SIGKILL)
@@ -369,28 +453,18 @@ def kill_and_resume(runner: Runner, table: Table, figures: dict) -> None:
               f"killed (exit {first.code}) after step-{newest}; resumed, exit {resumed.code}", ok)
 
 
-def _rank_pids(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
+def _rank_pids(agent: int) -> list[int]:
+    """torchrun's ranks: its agent's children, started cold or forked warm."""
+    ranks = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 stat = Path(f"/proc/{entry}/stat").read_text()
             except OSError:
                 continue
-            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return sorted(p for p in found if b"trainer" in _cmdline(p))
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
+            if int(stat.rsplit(")", 1)[1].split()[1]) == agent:
+                ranks.append(int(entry))
+    return sorted(ranks)
 
 
 def use_checkout_worker_package() -> None:
@@ -427,9 +501,18 @@ def main(argv: list[str] | None = None) -> int:
     tag_attempts(runner.plane)
     table, figures = Table(), {"torch": torch.__version__}
     started = time.perf_counter()
-    throughput(runner, table, figures)
-    saves(runner, table, figures)
-    kill_and_resume(runner, table, figures)
+    runner.start_standby()
+    try:
+        throughput(runner, table, figures)
+        saves(runner, table, figures)
+        kill_and_resume(runner, table, figures)
+    finally:
+        runner.stop_standby()
+    figures["launched"] = runner.launched
+    warm = sum(how == "warm" for how in runner.launched.values())
+    cold = [f"{name} {how}" for name, how in runner.launched.items() if how != "warm"]
+    print(f"launches: {warm} of {len(runner.launched)} through the warm standby"
+          + (f"; {', '.join(cold)}" if cold else ""))
     for run in runner.runs:
         table.add(f"exit code: {run.name}", f"{run.code} ({run.seconds:.0f} s)",
                   run.code == 0 or run.name == "kill")

@@ -32,3 +32,5 @@ def test_the_acceptance_run_passes_its_checks_on_cpu(tmp_path):
     assert len([c for c in figures["saves_ddp"]["checkpoints"] if not c["emergency"]]) >= 4
     assert figures["kill"]["resumed_exit"] == 0 and figures["kill"]["newest_verified"]
     assert figures["blocking"]["async_s"] < figures["blocking"]["sync_s"]
+    # Every run forked from the warm standby, as the local fleet's are.
+    assert set(figures["launched"].values()) == {"warm"}, figures["launched"]
