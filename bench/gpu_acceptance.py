@@ -172,8 +172,9 @@ class Launch:
         """SIGKILL its ranks (torchrun starts each in a session of its own),
         its agent and, warm, its launcher."""
         for pid in [*_rank_pids(self.agent), self.agent, self.launcher]:
-            with contextlib.suppress(ProcessLookupError, TypeError):
-                os.kill(pid, signal.SIGKILL)
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         if self.cold is not None:
             self.cold.wait()
 

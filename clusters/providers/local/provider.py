@@ -54,7 +54,7 @@ class LocalSettings:
                              "trainer imported) on every spare and gang node, so a "
                              "relaunch starts without a cold start (regatta.node.standby)")
     standby_imports: tuple[str, ...] = setting((), "further modules each standby imports ahead, "
-                                         "e.g. [\"transformers\", \"lightning\"]: the "
+                                         "e.g. [\"transformers.trainer\", \"lightning\"]: the "
                                          "ranks of programs that use them start warm too. "
                                          "Imported in the node's environment: a launch "
                                          "that sets other variables of its own goes cold",
