@@ -26,6 +26,22 @@ from tests.support import memory_provider as memory
 # The in-memory fleet is a test double, not a product provider: registered here.
 memory.register()
 
+# pytest-django's fixtures that open the database to a test; it refuses the
+# database to any test without one of them or the django_db mark.
+DATABASE_FIXTURES = frozenset({"db", "transactional_db", "django_db_reset_sequences",
+                               "django_db_serialized_rollback", "live_server"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marks
+def pytest_collection_modifyitems(items):
+    """Marks `database` on every test that may use the database: only these
+    can come out differently on SQLite than on PostgreSQL, so .ci/run's
+    SQLite pass runs them alone."""
+    for item in items:
+        if item.get_closest_marker("django_db") or DATABASE_FIXTURES.intersection(
+                getattr(item, "fixturenames", ())):
+            item.add_marker("database")
+
 
 @pytest.fixture(scope="session", autouse=True)
 def no_fleet_process_outlives_the_run(tmp_path_factory):

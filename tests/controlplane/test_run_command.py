@@ -97,38 +97,6 @@ def _sessions_alive(sids):
     return alive
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(180)
-def test_ctrl_c_stops_web_worker_beat_and_broker_leaving_no_process(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env.update(REGATTA_STATE_DIR=str(tmp_path), PYTHONUNBUFFERED="1")
-    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT,
-                   env=env, check=True, timeout=120)
-    subprocess.run([sys.executable, "manage.py", "regatta_demo", "--no-job"], cwd=ROOT, env=env,
-                   check=True, timeout=60, capture_output=True)
-    port = _free_port()
-    up = subprocess.Popen(
-        [sys.executable, "manage.py", "regatta_up", "--bind", f"127.0.0.1:{port}"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    try:
-        eventually(lambda: _login_status(port) == 200, timeout=90, interval=0.5,
-                   what="the web process to answer")
-        # The web starts first, alone; the worker and beat follow it.
-        children = eventually(lambda: _at_least_four_children(up.pid),
-                              timeout=30, interval=0.2,
-                              what="redis, web, worker and beat all to be running")
-        up.send_signal(signal.SIGINT)
-        output, _ = up.communicate(timeout=60)
-        assert up.returncode == 0, output
-        assert "stopped." in output
-        eventually(lambda: _sessions_alive(set(children)) == [], timeout=0.5,
-                   what="no process left in the children's sessions")
-    finally:
-        if up.poll() is None:
-            up.kill()
-
-
 def _at_least_four_children(pid: int) -> list[int] | None:
     children = [int(p.name) for p in Path("/proc").iterdir()
                 if p.name.isdigit() and _ppid(p) == pid]
@@ -222,9 +190,15 @@ def test_the_console_says_where_and_how_to_sign_in_and_job_changes_and_logs_the_
         os.write(terminal, b"\n")
         eventually(says("sign in:    admin / regatta-demo", times=2), timeout=30,
                    what="the sign-in printed again on Enter")
+        children = eventually(lambda: _at_least_four_children(up.pid),
+                              timeout=30, interval=0.2,
+                              what="redis, web, worker and beat all to be running")
+        # Ctrl-C: web, worker, beat and broker stop, and nothing is left.
         up.send_signal(signal.SIGINT)
-        up.wait(timeout=60)
+        assert up.wait(timeout=60) == 0, text()
         reader.join(timeout=5)
+        eventually(lambda: _sessions_alive(set(children)) == [], timeout=0.5,
+                   what="no process left in the children's sessions")
     finally:
         if up.poll() is None:
             up.kill()
@@ -234,6 +208,7 @@ def test_the_console_says_where_and_how_to_sign_in_and_job_changes_and_logs_the_
     assert f"open http://127.0.0.1:{port}/" in console
     assert "sign in:    admin / regatta-demo" in console
     assert f"API token:  {token}" in console
+    assert "stopped." in console
     assert str(tmp_path / "logs" / "regatta.log") in console
     # Access and task logs, and Celery's banners, go to the log file only.
     for noise in ('"GET /login/', "celery beat v", "Task jobs.tasks", "Scheduler: Sending"):
