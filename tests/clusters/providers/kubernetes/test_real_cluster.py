@@ -399,8 +399,12 @@ def test_a_spot_interruption_taint_on_an_idle_node_replaces_it_the_karpenter_way
     # What AWS Node Termination Handler does on EC2's two-minute notice.
     kube_world.fleet.taint(doomed, SPOT_ITN_TAINT)
 
-    reconcile_cluster_unlocked(cluster.id, later(now, 5))
+    def noticed():
+        # The taint reaches the pass through the node informer's watch.
+        reconcile_cluster_unlocked(cluster.id, later(now, 5))
+        return NodeHealthEvent.objects.filter(node__name=doomed).exists()
 
+    eventually(noticed, timeout=10, interval=0.2, what="the pass to see the taint")
     (event,) = NodeHealthEvent.objects.filter(node__name=doomed)
     assert event.kind == "spot_notice" and event.severity == "critical"
     assert Node.objects.get(name=doomed).state == Node.State.REPLACED

@@ -86,7 +86,12 @@ def test_it_turns_the_clusters_nodes_and_their_health_into_rows(db, kube_world, 
     kube_world.core.patch_node(n_dcgm, {"metadata": {"labels": {DCGM_LABEL: "ecc-dbe"}}})
     now = timezone.now()
 
-    reconcile_cluster_unlocked(cluster.id, now)
+    def judged():
+        # The writes above reach the pass through the node informer's watch.
+        reconcile_cluster_unlocked(cluster.id, now)
+        return NodeHealthEvent.objects.filter(node__cluster=cluster).count() == 3
+
+    eventually(judged, timeout=10, interval=0.2, what="the pass to see the three faults")
     # A node in service goes NotReady. That is a state, not evidence yet: it
     # fails only once it lasted the cluster's grace (a controller's brief
     # NodeStatusUnknown is no failure).

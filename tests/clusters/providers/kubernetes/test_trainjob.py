@@ -14,7 +14,7 @@ import pytest
 from django.utils import timezone
 from kubernetes import client as k8s
 
-from clusters.models import Node, NodePool
+from clusters.models import Node, NodeHealthEvent, NodePool
 from clusters.providers.base import Placement
 from clusters.providers.kubernetes.preflight import LABEL_CHECKS, checks_label
 from clusters.reconcile import reconcile_cluster_unlocked
@@ -317,7 +317,13 @@ def test_a_spot_notice_drains_the_node_and_relaunches_the_trainjob_elsewhere(
     doomed = placed[1]
     # What AWS Node Termination Handler does on EC2's two-minute notice.
     kube_world.fleet.taint(doomed, SPOT_ITN_TAINT)
-    reconcile_cluster_unlocked(job.cluster_id, later(now, 1))
+
+    def noticed():
+        # The taint reaches the pass through the node informer's watch.
+        reconcile_cluster_unlocked(job.cluster_id, later(now, 1))
+        return NodeHealthEvent.objects.filter(node__name=doomed).exists()
+
+    eventually(noticed, timeout=10, interval=0.2, what="the pass to see the taint")
     reconcile_job_unlocked(job.id, later(now, 2))
     assert JobEvent.objects.filter(job=job, kind="EmergencyCheckpointRequested").exists()
 
