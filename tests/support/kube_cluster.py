@@ -34,7 +34,9 @@ import pytest
 from django.conf import settings
 from kubernetes import client as k8s
 
+from clusters.providers.kubernetes import informers
 from clusters.providers.kubernetes.informers import stop_all
+from controlplane.lib.errors import TemporaryError
 from testcluster import bootstrap, build, kueue
 from testcluster.cluster import TestCluster
 from testcluster.fleet import Fleet, Pool
@@ -206,6 +208,35 @@ class KubeWorld:
                    self.custom.list_namespaced_custom_object(
                        "kubeflow.org", "v1", namespace, "pytorchjobs")["items"],
                    timeout=timeout, interval=0.2, what=f"the pods and jobs of {namespace} to go")
+
+
+def seen_by_informers(world: KubeWorld, kind: str, written) -> None:
+    """Until every `kind` informer ("nodes", "pods") this process started on
+    the test cluster that holds the object `written` (as the API server gave
+    it back to a test's write) holds that version of it or a newer one. A
+    pass reads those shared caches, which a watch fills a moment after the
+    write: a pass run at once may judge the object as it was. (An informer
+    that does not hold the object, or whose watch is broken, is not waited
+    for: a pass would not read the object from it.)"""
+    meta = written.metadata
+    version = int(meta.resource_version)
+    host = world.admin.configuration.host
+    started = [cache.started().get(kind) for cache in list(informers._caches.values())
+               if cache.api.configuration.host == host]
+
+    def holds(informer) -> bool:
+        try:
+            cached = informer.get(meta.namespace or "", meta.name)
+        except TemporaryError:
+            return True
+        if cached is None:
+            return True
+        return int((cached.get("metadata") or {}).get("resourceVersion") or 0) >= version
+
+    for informer in started:
+        if informer is not None and informer.alive:
+            eventually(lambda informer=informer: holds(informer), timeout=10, interval=0.05,
+                       what=f"the {kind} informer to see {meta.name} at {version}")
 
 
 def _in_ci() -> bool:

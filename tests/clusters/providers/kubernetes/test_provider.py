@@ -35,7 +35,7 @@ from testcluster import bootstrap
 from testcluster.fleet import SPOT_ITN_TAINT
 from tests.support import k8s_standin as st
 from tests.support.kube_calls import Recorder
-from tests.support.kube_cluster import TRAINING_NS
+from tests.support.kube_cluster import TRAINING_NS, seen_by_informers
 from tests.support.pod_logs import PodLogs
 from tests.support.waiting import eventually
 
@@ -114,8 +114,9 @@ def ranks(pods):
 
 
 def as_kubelet(world, pod, patch):
-    """Write a pod's status as its kubelet would (a JSON patch)."""
-    world.core.patch_namespaced_pod_status(pod, NS, patch)
+    """Write a pod's status as its kubelet would (a JSON patch), and wait
+    for the pod informers to see it."""
+    seen_by_informers(world, "pods", world.core.patch_namespaced_pod_status(pod, NS, patch))
 
 
 def other_identity(world, name, rules=()):
@@ -634,15 +635,17 @@ def test_provisioning_without_an_auto_scaling_group_is_refused(provider):
 
 def as_device_plugin(world, node, gpus):
     """The NVIDIA device plugin withdraws GPUs it saw raise a fatal XID."""
-    world.core.patch_node_status(node, {"status": {"allocatable": {"nvidia.com/gpu": str(gpus)}}})
+    seen_by_informers(world, "nodes", world.core.patch_node_status(
+        node, {"status": {"allocatable": {"nvidia.com/gpu": str(gpus)}}}))
 
 
 def as_monitoring_agent(world, node, status, reason, message=""):
     """EKS's node monitoring agent sets the DCGM condition."""
-    world.core.patch_node_status(node, {"status": {"conditions": [{
-        "type": "AcceleratedHardwareReady", "status": status, "reason": reason,
-        "message": message, "lastHeartbeatTime": "2026-01-02T00:00:00Z",
-        "lastTransitionTime": "2026-01-02T00:00:00Z"}]}})
+    condition = {"type": "AcceleratedHardwareReady", "status": status, "reason": reason,
+                 "message": message, "lastHeartbeatTime": "2026-01-02T00:00:00Z",
+                 "lastTransitionTime": "2026-01-02T00:00:00Z"}
+    seen_by_informers(world, "nodes", world.core.patch_node_status(
+        node, {"status": {"conditions": [condition]}}))
 
 
 def not_ready(world, node):
