@@ -6,7 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from django.db import transaction
+
 from clusters.providers import get_provider, pool_info
+from jobs.admission import request_admission
 from jobs.models import JobAttempt, TrainingJob
 
 
@@ -60,3 +63,17 @@ class Ctx:
     def clear_condition(self, kind: str) -> None:
         if self.condition(kind) is not None:
             self.set_condition(kind)
+
+    def release_nodes(self, target: str, attempt: JobAttempt | None, **transition) -> None:
+        """Move the job to `target`, a phase that holds no nodes (ended, or
+        queued again after a preemption), and record its nodes free, in one
+        transaction: no reader sees the job moved without the release on
+        its timeline, and a worker that dies between the two leaves neither.
+        An admission pass for the freed GPUs follows the commit."""
+        nodes = list(attempt.placements.values_list("node__name", flat=True)) if attempt else []
+        with transaction.atomic():
+            self.job.transition(target, attempt=attempt, now=self.now, **transition)
+            self.job.record("NodesReleased",
+                            "the job's nodes are free" if nodes else "no nodes held",
+                            attempt=attempt, now=self.now, evidence={"nodes": nodes})
+            request_admission(self.cluster.id)

@@ -16,20 +16,13 @@ from __future__ import annotations
 from checkpoints.export import export_final, has_model
 from checkpoints.models import Checkpoint
 from controlplane.lib.reconcile import Result
-from jobs import admission, evals, goodput
+from jobs import evals, goodput
 from jobs.context import Ctx
 from jobs.recovery.detect import Failure
 from jobs.recovery.handle import handle
 
 from ..checkpointing import newest_verified, open_job_storage
 from ..models import FailureClass, JobAttempt, JobEvent, Phase, TrainingJob
-
-
-def _release(ctx: Ctx, attempt: JobAttempt | None) -> None:
-    nodes = list(attempt.placements.values_list("node__name", flat=True)) if attempt else []
-    ctx.job.record("NodesReleased", "the job's nodes are free" if nodes else "no nodes held",
-                   attempt=attempt, now=ctx.now, evidence={"nodes": nodes})
-    admission.request_admission(ctx.cluster.id)
 
 
 def final_step(job, attempt: JobAttempt) -> int:
@@ -71,12 +64,11 @@ def succeed(ctx: Ctx, attempt: JobAttempt) -> Result:
     step = max(attempt.last_step, checkpoint.step if checkpoint is not None else 0)
     if attempt.end(JobAttempt.State.SUCCEEDED, now, exit_code=0):
         goodput.book_attempt_end(job, attempt, ended_at=now)
-    job.transition(Phase.SUCCEEDED, reason="Succeeded", attempt=attempt, now=now,
-                   message=f"finished at step {step}" if step else "every rank exited 0",
-                   finished_at=now, pending_reason="", current_step=step,
-                   evidence={"completion": job.completion, "step": step,
-                             "checkpoint_step": checkpoint.step if checkpoint else None})
-    _release(ctx, attempt)
+    ctx.release_nodes(Phase.SUCCEEDED, attempt, reason="Succeeded",
+                      message=f"finished at step {step}" if step else "every rank exited 0",
+                      finished_at=now, pending_reason="", current_step=step,
+                      evidence={"completion": job.completion, "step": step,
+                                "checkpoint_step": checkpoint.step if checkpoint else None})
     return Result.done("succeeded")
 
 
@@ -88,11 +80,11 @@ def _succeed_eval(ctx: Ctx, attempt: JobAttempt) -> Result:
     if attempt.end(JobAttempt.State.SUCCEEDED, now, exit_code=0):
         goodput.book_attempt_end(job, attempt, ended_at=now)
     metrics = ", ".join(f"{k} {v:.4g}" for k, v in sorted(result["metrics"].items()))
-    job.transition(Phase.SUCCEEDED, reason="Succeeded", attempt=attempt, now=now,
-                   message=f"evaluated step {job.eval_step}: {metrics or 'no metrics reported'}",
-                   finished_at=now, pending_reason="", current_step=job.eval_step,
-                   eval_result=result, evidence={"step": job.eval_step, **result["metrics"]})
-    _release(ctx, attempt)
+    ctx.release_nodes(Phase.SUCCEEDED, attempt, reason="Succeeded",
+                      message=f"evaluated step {job.eval_step}: "
+                              f"{metrics or 'no metrics reported'}",
+                      finished_at=now, pending_reason="", current_step=job.eval_step,
+                      eval_result=result, evidence={"step": job.eval_step, **result["metrics"]})
     return Result.done("evaluated")
 
 
@@ -156,9 +148,8 @@ def cancel(ctx: Ctx) -> Result:
             ctx.provider.stop(attempt.provider_ref, grace_s=ctx.config.stop_grace_s)
         if attempt.end(JobAttempt.State.STOPPED, now, failure_reason="cancelled"):
             goodput.book_attempt_end(job, attempt, ended_at=now)
-    job.transition(Phase.CANCELLED, reason="Cancelled", attempt=attempt, now=now,
-                   message="ranks stopped" if attempt else "cancelled before launch",
-                   finished_at=now, pending_reason="")
+    ctx.release_nodes(Phase.CANCELLED, attempt, reason="Cancelled",
+                      message="ranks stopped" if attempt else "cancelled before launch",
+                      finished_at=now, pending_reason="")
     evals.cancel_live(job, "reconciler", now)
-    _release(ctx, attempt)
     return Result.done("cancelled")

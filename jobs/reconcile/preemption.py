@@ -17,7 +17,7 @@ from django.db.models import Q
 
 from checkpoints.models import Checkpoint
 from controlplane.lib.reconcile import Result
-from jobs import admission, goodput
+from jobs import goodput
 from jobs.admission.sharing import EVICTING
 from jobs.context import Ctx
 from jobs.goodput.models import GoodputEntry
@@ -81,8 +81,8 @@ def _requeue(ctx: Ctx, attempt: JobAttempt, pending: dict, checkpoint, waited: f
     why = "reclaimed" if pending.get("why") == "reclaim" else "preempted"
     message = f"{why} by {by}: {saved}, {steps_lost} steps lost"
     ctx.set_condition(EVICTING)
-    job.transition(
-        Phase.QUEUED, reason="Preempted", attempt=attempt, now=now, message=message,
+    ctx.release_nodes(
+        Phase.QUEUED, attempt, reason="Preempted", message=message,
         evidence={"by": pending["by"], "why": pending.get("why"),
                   "checkpoint_step": checkpoint.step if checkpoint is not None else None,
                   "checkpoint_uri": checkpoint.uri if checkpoint is not None else None,
@@ -92,10 +92,6 @@ def _requeue(ctx: Ctx, attempt: JobAttempt, pending: dict, checkpoint, waited: f
         pending_reason=f"{why} by {by}; waiting to be admitted again",
         preempted_at=now, borrowed_gpus=0, borrowed_from={},
     )
-    job.record("NodesReleased", "the job's nodes are free", attempt=attempt, now=now,
-               evidence={"nodes": list(attempt.placements.values_list("node__name",
-                                                                      flat=True))})
-    admission.request_admission(ctx.cluster.id)
     return Result.after(ctx.config.queue_interval_s, message)
 
 

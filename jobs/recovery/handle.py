@@ -9,7 +9,7 @@ from checkpoints.models import Checkpoint
 from clusters.acts import take_out
 from clusters.models import Node, NodeHealthEvent
 from controlplane.lib.reconcile import Result
-from jobs import admission, goodput
+from jobs import goodput
 from jobs.context import Ctx
 from jobs.recovery import budgets, crash_loop, evidence
 
@@ -174,21 +174,17 @@ def _backoff_s(ctx: Ctx, failure: Failure, count: int) -> float:
 
 def _fail(ctx: Ctx, attempt: JobAttempt, failure: Failure, counts: dict,
           charge: budgets.Charge) -> Result:
-    job, now = ctx.job, ctx.now
+    now = ctx.now
     budget = charge.budget
     blame = f" ({charge.why})" if budgets.is_pinned(failure) else ""
     error = (f"{failure.cls} failure with the '{failure.cls}' restart budget spent "
              f"({charge.spent[failure.cls] - 1} of {budget} restarts used){blame}: "
              f"{failure.reason}")
-    job.transition(Phase.FAILED, reason="Failed", message=error, attempt=attempt, now=now,
-                   evidence={"class": failure.cls, "budget": budget, "why": charge.why,
-                             "restarts": counts[failure.cls], **failure.evidence},
-                   last_error=error[:5000], finished_at=now, restart_counts=counts,
-                   budget_spent=charge.spent, restart_marks=charge.marks)
-    job.record("NodesReleased", "the job's nodes are free", attempt=attempt, now=now,
-               evidence={"nodes": list(attempt.placements.values_list("node__name",
-                                                                      flat=True))})
-    admission.request_admission(ctx.cluster.id)
+    ctx.release_nodes(Phase.FAILED, attempt, reason="Failed", message=error,
+                      evidence={"class": failure.cls, "budget": budget, "why": charge.why,
+                                "restarts": counts[failure.cls], **failure.evidence},
+                      last_error=error[:5000], finished_at=now, restart_counts=counts,
+                      budget_spent=charge.spent, restart_marks=charge.marks)
     return Result.done("failed")
 
 
@@ -196,7 +192,7 @@ def _fail_crash_loop(ctx: Ctx, attempt: JobAttempt, failure: Failure, counts: di
                      charge: budgets.Charge, run: crash_loop.Run) -> Result:
     """The same failure again and again, with no progress: the program's
     bug. The job ends with its own error line and the lines around it."""
-    job, now = ctx.job, ctx.now
+    now = ctx.now
     error = failure.evidence.get("error") or {}
     where = (f" on {len(run.nodes)} different nodes" if run.elsewhere
              else f" on {run.nodes[0]}" if run.nodes else "")
@@ -205,19 +201,14 @@ def _fail_crash_loop(ctx: Ctx, attempt: JobAttempt, failure: Failure, counts: di
                f"(attempts {', '.join(map(str, run.attempts))}), no step past "
                f"{run.step}: {said}")
     detail = "\n".join(error.get("lines") or [])
-    job.transition(Phase.FAILED, reason="CrashLoop", message=message[:1000], attempt=attempt,
-                   now=now,
-                   evidence={"class": failure.cls, "signature": run.signature,
-                             "failures": run.count, "nodes": list(run.nodes),
-                             "attempts": list(run.attempts), "error": error,
-                             "exit_code": failure.exit_code},
-                   last_error=(message + ("\n\n" + detail if detail else ""))[:5000],
-                   finished_at=now, restart_counts=counts, budget_spent=charge.spent,
-                   restart_marks=charge.marks)
-    job.record("NodesReleased", "the job's nodes are free", attempt=attempt, now=now,
-               evidence={"nodes": list(attempt.placements.values_list("node__name",
-                                                                      flat=True))})
-    admission.request_admission(ctx.cluster.id)
+    ctx.release_nodes(Phase.FAILED, attempt, reason="CrashLoop", message=message[:1000],
+                      evidence={"class": failure.cls, "signature": run.signature,
+                                "failures": run.count, "nodes": list(run.nodes),
+                                "attempts": list(run.attempts), "error": error,
+                                "exit_code": failure.exit_code},
+                      last_error=(message + ("\n\n" + detail if detail else ""))[:5000],
+                      finished_at=now, restart_counts=counts, budget_spent=charge.spent,
+                      restart_marks=charge.marks)
     return Result.done("crash loop")
 
 

@@ -138,6 +138,39 @@ def test_it_finishes_a_job_exports_the_model_and_releases_the_nodes(mem_cluster,
     assert GoodputEntry.objects.get(job=job, category="checkpoint").seconds == pytest.approx(0.05)
 
 
+def test_a_job_never_ends_without_its_release_on_the_timeline(mem_cluster, mem_team,
+                                                             monkeypatch):
+    """The phase and the NodesReleased event commit together (Ctx.release_nodes):
+    where the event cannot be written, the job is not moved either, so no
+    reader sees it ended with its nodes held, and the next pass does both."""
+    from django.db import DatabaseError
+
+    from jobs.context import Ctx
+    from jobs.models import TrainingJob
+
+    job = submit(mem_cluster, mem_team)
+    now = timezone.now()
+    attempt = launch(job, now)
+    record = TrainingJob.record
+
+    def refused(self, kind, *args, **kwargs):
+        if kind == "NodesReleased":
+            raise DatabaseError("the disk is full")
+        return record(self, kind, *args, **kwargs)
+
+    monkeypatch.setattr(TrainingJob, "record", refused)
+    job.refresh_from_db()
+    with pytest.raises(DatabaseError):
+        Ctx(job, later(now, 1)).release_nodes(Phase.CANCELLED, attempt, reason="Cancelled")
+    job.refresh_from_db()
+    assert job.phase == Phase.STARTING and "Cancelled" not in kinds(job)
+
+    monkeypatch.setattr(TrainingJob, "record", record)
+    Ctx(job, later(now, 2)).release_nodes(Phase.CANCELLED, attempt, reason="Cancelled")
+    job.refresh_from_db()
+    assert job.phase == Phase.CANCELLED and kinds(job)[-2:] == ["Cancelled", "NodesReleased"]
+
+
 def test_a_cancel_stops_the_ranks_and_releases_the_nodes(mem_cluster, mem_team):
     job = submit(mem_cluster, mem_team)
     now = timezone.now()
