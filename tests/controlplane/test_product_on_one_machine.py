@@ -26,10 +26,12 @@ def test_the_whole_product_runs_its_flow_on_one_machine(tmp_path):
     env = {k: v for k, v in os.environ.items()
            if k not in ("DATABASE_URL", "REDIS_URL", "REGATTA_PUBLIC_URL", "REGATTA_BIND")}
     # The smallest preset: the flow is the check here, not its figures
-    # (tiny's training cost this run 8 s more on 2 cores).
+    # (tiny's training cost this run 8 s more on 2 cores). Enough steps that
+    # the node is killed while the job trains: nano ran 100 in 1.4 s, and
+    # a kill that came after them left attempt 2 nothing to run.
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--allow-cpu", "--model", "nano", "--steps", "100",
-         "--checkpoint-every", "25", "--state", str(tmp_path / "state"),
+        [sys.executable, str(SCRIPT), "--allow-cpu", "--model", "nano", "--steps", "800",
+         "--checkpoint-every", "50", "--state", str(tmp_path / "state"),
          "--out", str(tmp_path / "out")],
         env=env, capture_output=True, text=True, timeout=700)
 
@@ -40,5 +42,5 @@ def test_the_whole_product_runs_its_flow_on_one_machine(tmp_path):
     assert checks == dict.fromkeys(
         ["live metrics", "checkpoints", "node replaced", "resumed", "succeeded",
          "exported model", "backend", "stopped"], True), report
-    assert result["figures"]["final_step"] == 100
+    assert result["figures"]["final_step"] == 800
     assert result["figures"]["backends"] == ["gloo"]
